@@ -1,0 +1,1 @@
+"""MegatronJob operator: API, layout planner, renderer, policy, and the kopf operator."""

@@ -1,0 +1,1 @@
+"""The MegatronJob trainer: a Megatron-Core training loop (CUDA/NCCL and CPU/gloo)."""
