@@ -1,0 +1,428 @@
+"""The layout rules as CEL (`x-kubernetes-validations`), so `kubectl apply` rejects bad specs.
+
+These mirror `megatron_operator.layout` rule for rule; `tests/unit/test_rules.py` runs both over
+the same table of valid and invalid specs. A recipe's defaults reach CEL as map literals generated
+from `recipes.RECIPES`, so a spec that only names a recipe is still checked in full.
+
+All rules sit on `spec` (so `self` is the spec) and name the offending field with `fieldPath`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from .recipes import RECIPES
+from .spec import RESERVED_ENV
+
+S = "self"
+M = "self.model"
+P = "self.parallelism"
+R = "self.resources"
+T = "self.training"
+
+
+def _lit(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "\\'") + "'"
+    return repr(value)
+
+
+def _recipe_lookup(values: dict[str, str]) -> str:
+    entries = ", ".join(f"{_lit(name)}: {expr}" for name, expr in values.items())
+    return "{" + entries + "}[self.model.recipe]"
+
+
+def model_field(name: str, fallback: str) -> str:
+    """The effective value of model.<name>: explicit, else the recipe's, else `fallback`."""
+    per_recipe = {r: _lit(v[name]) if name in v else fallback for r, v in RECIPES.items()}
+    lookup = _recipe_lookup(per_recipe)
+    return f"(has({M}.{name}) ? {M}.{name} : (has({M}.recipe) ? {lookup} : {fallback}))"
+
+
+def moe_field(name: str, fallback: str) -> str:
+    """The effective value of model.moe.<name>; `fallback` for dense recipes."""
+    per_recipe = {
+        r: _lit(v["moe"][name]) if name in v.get("moe", {}) else fallback
+        for r, v in RECIPES.items()
+    }
+    lookup = _recipe_lookup(per_recipe)
+    return (
+        f"(has({M}.moe) && has({M}.moe.{name}) ? {M}.moe.{name} : "
+        f"(has({M}.recipe) ? {lookup} : {fallback}))"
+    )
+
+
+def present(name: str) -> str:
+    return f"(has({M}.{name}) || has({M}.recipe))"
+
+
+HEADS = model_field("numAttentionHeads", "1")
+HIDDEN = model_field("hiddenSize", "1")
+LAYERS = model_field("numLayers", "1")
+SEQ = model_field("seqLength", "1")
+GROUPS = model_field("numQueryGroups", HEADS)
+FFN = model_field("ffnHiddenSize", f"4 * {HIDDEN}")
+MAXPOS = model_field("maxPositionEmbeddings", SEQ)
+EXPERTS = moe_field("numExperts", "0")
+TOPK = moe_field("routerTopK", "0")
+MOE_FFN = moe_field("ffnHiddenSize", FFN)
+FIRST_DENSE = moe_field("firstKDenseLayers", "0")
+IS_MOE = f"(has({M}.moe) || {EXPERTS} > 0)"
+KV_EXPLICIT = f"(has({M}.kvChannels) || {model_field('kvChannels', '0')} > 0)"
+
+TP, PP, CP, EP = f"{P}.tensor", f"{P}.pipeline", f"{P}.context", f"{P}.expert"
+ETP = f"(has({P}.expertTensor) ? {P}.expertTensor : {P}.tensor)"
+WORLD = f"({R}.nodes * {R}.procsPerNode)"
+MP = f"({TP} * {PP} * {CP})"
+MP_OK = f"({WORLD} % {MP} == 0)"
+DP = f"({WORLD} / {MP})"
+GPU = f"({R}.accelerator != 'none')"
+
+
+def _s(expr: str) -> str:
+    return f"string({expr})"
+
+
+def rule(rule: str, message: str, field: str = "", reason: str = "FieldValueInvalid") -> dict[str, str]:
+    """One x-kubernetes-validations entry; `message` is a CEL string expression."""
+    out = {"rule": rule, "messageExpression": message, "reason": reason}
+    if field:
+        out["fieldPath"] = field
+    return out
+
+
+SPEC_RULES: Final[list[dict[str, str]]] = [
+    # --- required model fields when there is no recipe
+    *[
+        rule(
+            present(f),
+            f"'model.{f} is required when model.recipe is not set: set it or choose a recipe'",
+            f".model.{f}",
+            "FieldValueRequired",
+        )
+        for f in ("numLayers", "hiddenSize", "numAttentionHeads", "vocabSize", "seqLength")
+    ],
+    # --- world, TP-in-node, data
+    rule(
+        f"{R}.procsPerNode % {TP} == 0",
+        f"'tensor (' + {_s(TP)} + ') must divide resources.procsPerNode (' + "
+        f"{_s(R + '.procsPerNode')} + ') so each tensor-parallel group stays inside one node'",
+        ".parallelism.tensor",
+    ),
+    rule(
+        MP_OK,
+        f"'tensor × pipeline × context (' + {_s(MP)} + ') must divide resources.nodes × "
+        f"resources.procsPerNode (' + {_s(WORLD)} + ')'",
+        ".parallelism",
+    ),
+    rule(
+        f"!(type({P}.data) == int) || {P}.data * {MP} == {WORLD}",
+        f"'data × tensor × pipeline × context must equal resources.nodes × "
+        f"resources.procsPerNode (' + {_s(WORLD)} + '): set data to auto'",
+        ".parallelism.data",
+    ),
+    # --- tensor parallelism
+    rule(
+        f"!{present('numAttentionHeads')} || {HEADS} % {TP} == 0",
+        f"'numAttentionHeads (' + {_s(HEADS)} + ') is not divisible by parallelism.tensor (' + "
+        f"{_s(TP)} + ')'",
+        ".parallelism.tensor",
+    ),
+    rule(
+        f"!{present('numAttentionHeads')} || {HEADS} % {GROUPS} == 0",
+        f"'numAttentionHeads (' + {_s(HEADS)} + ') must be a multiple of numQueryGroups (' + "
+        f"{_s(GROUPS)} + ')'",
+        ".model.numQueryGroups",
+    ),
+    rule(
+        f"!{present('numAttentionHeads')} || {HEADS} % {GROUPS} != 0 || "
+        f"{GROUPS} % {TP} == 0 || {TP} % {GROUPS} == 0",
+        f"'numQueryGroups (' + {_s(GROUPS)} + ') and parallelism.tensor (' + {_s(TP)} + ') "
+        f"must divide one another'",
+        ".parallelism.tensor",
+    ),
+    rule(
+        f"!{present('hiddenSize')} || {FFN} % {TP} == 0",
+        f"'ffnHiddenSize (' + {_s(FFN)} + ') is not divisible by parallelism.tensor (' + "
+        f"{_s(TP)} + ')'",
+        ".parallelism.tensor",
+    ),
+    rule(
+        f"!{P}.sequenceParallel || {TP} > 1",
+        "'sequenceParallel needs parallelism.tensor > 1'",
+        ".parallelism.sequenceParallel",
+    ),
+    rule(
+        f"!{IS_MOE} || {TP} == 1 || {P}.sequenceParallel",
+        "'MoE models with tensor parallelism need sequenceParallel: true'",
+        ".parallelism.sequenceParallel",
+    ),
+    # --- pipeline
+    rule(
+        f"!{present('numLayers')} || {LAYERS} % {PP} == 0",
+        f"'numLayers (' + {_s(LAYERS)} + ') is not divisible by parallelism.pipeline (' + "
+        f"{_s(PP)} + ')'",
+        ".parallelism.pipeline",
+    ),
+    rule(
+        f"!has({P}.virtualPipeline) || {PP} > 1",
+        "'virtualPipeline needs parallelism.pipeline > 1'",
+        ".parallelism.virtualPipeline",
+    ),
+    rule(
+        f"!has({P}.virtualPipeline) || {PP} == 1 || !{present('numLayers')} || "
+        f"{LAYERS} % {PP} != 0 || {LAYERS} % ({PP} * {P}.virtualPipeline) == 0",
+        f"'numLayers (' + {_s(LAYERS)} + ') must split into pipeline × virtualPipeline equal "
+        f"stages'",
+        ".parallelism.virtualPipeline",
+    ),
+    # --- experts
+    rule(
+        f"{EP} == 1 || {IS_MOE}",
+        "'parallelism.expert > 1 needs an MoE model (model.moe)'",
+        ".parallelism.expert",
+    ),
+    rule(
+        f"!{IS_MOE} || {EXPERTS} == 0 || {EXPERTS} % {EP} == 0",
+        f"'model.moe.numExperts (' + {_s(EXPERTS)} + ') is not divisible by parallelism.expert "
+        f"(' + {_s(EP)} + ')'",
+        ".parallelism.expert",
+    ),
+    rule(
+        f"!{IS_MOE} || {TOPK} <= {EXPERTS}",
+        "'model.moe.routerTopK exceeds model.moe.numExperts'",
+        ".model.moe.routerTopK",
+    ),
+    rule(
+        f"!{IS_MOE} || !{present('hiddenSize')} || {MOE_FFN} % {ETP} == 0",
+        "'model.moe.ffnHiddenSize is not divisible by parallelism.expertTensor'",
+        ".parallelism.expertTensor",
+    ),
+    rule(
+        f"!{IS_MOE} || !{present('numLayers')} || {FIRST_DENSE} <= {LAYERS}",
+        "'model.moe.firstKDenseLayers exceeds numLayers'",
+        ".model.moe.firstKDenseLayers",
+    ),
+    rule(
+        f"{WORLD} % ({ETP} * {EP} * {PP}) == 0",
+        f"'expertTensor × expert × pipeline must divide the world size (' + {_s(WORLD)} + ')'",
+        ".parallelism.expert",
+    ),
+    rule(
+        f"!{MP_OK} || {WORLD} % ({ETP} * {EP} * {PP}) != 0 || "
+        f"({TP} * {CP} * {DP}) % ({ETP} * {EP}) == 0",
+        "'expertTensor × expert must divide tensor × context × data'",
+        ".parallelism.expert",
+    ),
+    # --- sequence
+    rule(
+        f"{CP} == 1 || !{present('seqLength')} || {SEQ} % (2 * {CP}) == 0",
+        f"'model.seqLength (' + {_s(SEQ)} + ') must be divisible by 2 × context'",
+        ".parallelism.context",
+    ),
+    rule(
+        f"!{present('hiddenSize')} || !{present('numAttentionHeads')} || {KV_EXPLICIT} || "
+        f"{HIDDEN} % {HEADS} == 0",
+        f"'hiddenSize (' + {_s(HIDDEN)} + ') is not divisible by numAttentionHeads (' + "
+        f"{_s(HEADS)} + '): set model.kvChannels'",
+        ".model.hiddenSize",
+    ),
+    rule(
+        f"!{present('seqLength')} || {MAXPOS} >= {SEQ}",
+        f"'maxPositionEmbeddings (' + {_s(MAXPOS)} + ') is below seqLength (' + {_s(SEQ)} + ')'",
+        ".model.maxPositionEmbeddings",
+    ),
+    # --- platform
+    rule(
+        f"{GPU} || {CP} == 1",
+        "'context parallelism is CUDA-only: set context: 1 or resources.accelerator: "
+        "nvidia.com/gpu'",
+        ".parallelism.context",
+    ),
+    rule(
+        f"{GPU} || {EP} == 1",
+        "'expert parallelism is CUDA-only: set expert: 1 or resources.accelerator: "
+        "nvidia.com/gpu'",
+        ".parallelism.expert",
+    ),
+    rule(
+        f"{GPU} || !has({T}.precision) || {T}.precision == 'fp32'",
+        "'with resources.accelerator: none use training.precision: fp32'",
+        ".training.precision",
+    ),
+    # --- batch and schedule
+    rule(
+        f"!{MP_OK} || {T}.globalBatchSize % ({T}.microBatchSize * {DP}) == 0",
+        f"'globalBatchSize (' + {_s(T + '.globalBatchSize')} + ') must be a multiple of "
+        f"microBatchSize × data (' + {_s(f'{T}.microBatchSize * {DP}')} + ')'",
+        ".training.globalBatchSize",
+    ),
+    rule(
+        f"!has({P}.virtualPipeline) || {PP} == 1 || !{MP_OK} || "
+        f"{T}.globalBatchSize % ({T}.microBatchSize * {DP}) != 0 || "
+        f"({T}.globalBatchSize / ({T}.microBatchSize * {DP})) % {PP} == 0",
+        "'the interleaved schedule needs the number of microbatches to be a multiple of "
+        "pipeline'",
+        ".training.globalBatchSize",
+    ),
+    rule(f"{T}.minLr <= {T}.lr", "'minLr exceeds lr'", ".training.minLr"),
+    rule(
+        f"{T}.warmupIters <= {T}.trainIters",
+        "'warmupIters exceeds trainIters'",
+        ".training.warmupIters",
+    ),
+    rule(
+        f"!has({S}.profiling) || {S}.profiling.startStep <= {S}.profiling.endStep",
+        "'endStep must not be before startStep'",
+        ".profiling.endStep",
+    ),
+    rule(
+        f"!has({S}.profiling) || !has({S}.profiling.ranks) || "
+        f"{S}.profiling.ranks.all(r, r < {WORLD})",
+        "'profiling.ranks must be below the world size'",
+        ".profiling.ranks",
+    ),
+    # --- objects
+    rule(
+        f"(has({S}.data.mock) && {S}.data.mock) != has({S}.data.blend)",
+        "'set exactly one of data.mock: true or data.blend'",
+        ".data",
+    ),
+    rule(
+        f"!has({S}.data.blend) || has({S}.data.tokenizer)",
+        "'data.blend needs data.tokenizer.path'",
+        ".data.tokenizer",
+    ),
+    rule(
+        f"{S}.topology.mode == 'none' || has({S}.topology.key)",
+        "'topology.mode required or preferred needs topology.key'",
+        ".topology.key",
+    ),
+    rule(
+        f"has({S}.checkpoint.volume.claimName) != has({S}.checkpoint.volume.create)",
+        "'set exactly one of volume.claimName or volume.create'",
+        ".checkpoint.volume",
+    ),
+    rule(
+        f"!has({S}.checkpoint.volume.create) || {R}.nodes == 1 || "
+        f"'ReadWriteMany' in {S}.checkpoint.volume.create.accessModes",
+        "'several nodes write checkpoints to one volume: include ReadWriteMany'",
+        ".checkpoint.volume.create.accessModes",
+    ),
+    rule(
+        f"{S}.restartPolicy.maxBackoffSeconds >= {S}.restartPolicy.backoffSeconds",
+        "'maxBackoffSeconds is below backoffSeconds'",
+        ".restartPolicy.maxBackoffSeconds",
+    ),
+    rule(
+        f"!{GPU} || !has({R}.requests) || !({R}.accelerator in {R}.requests)",
+        "'the GPU request is set from procsPerNode: remove it from resources.requests'",
+        ".resources.requests",
+    ),
+    rule(
+        f"!{GPU} || !has({R}.limits) || !({R}.accelerator in {R}.limits)",
+        "'the GPU limit is set from procsPerNode: remove it from resources.limits'",
+        ".resources.limits",
+    ),
+]
+
+# Rules attached to other schema nodes: {path of the node: rules}. Paths use camelCase names.
+NODE_RULES: Final[dict[str, list[dict[str, str]]]] = {
+    "spec.restartPolicy.rules[]": [
+        rule(
+            "has(self.exitCodes) || has(self.reasons)",
+            "'a rule needs exitCodes, reasons or both'",
+            reason="FieldValueRequired",
+        )
+    ],
+    "spec.parallelism.data": [
+        rule(
+            "type(self) == int ? self >= 1 : self == 'auto'",
+            "'data must be auto or a positive integer'",
+        )
+    ],
+    "spec.env[]": [
+        rule(
+            "!(self.name in [" + ", ".join(_lit(n) for n in sorted(RESERVED_ENV)) + "])",
+            "self.name + ' is set by the operator; remove it from spec.env'",
+        )
+    ],
+}
+
+# Which fields may change on an existing job (docs/api.md, "Changing a job"):
+# - never: the model, the global batch size and where checkpoints live (a resume must find and
+#   load them);
+# - only while the job stays suspended (old and new spec.suspend true): the layout, resources,
+#   placement, data, image and training hyper-parameters: a resize of a suspended job;
+# - any time: suspend, restartPolicy, ttlSecondsAfterFinished, training.trainIters and
+#   training.logInterval, profiling, and the checkpoint schedule. They apply from the next attempt.
+_TRAINING_WHILE_SUSPENDED = (
+    "microBatchSize",
+    "lr",
+    "minLr",
+    "warmupIters",
+    "lrDecayStyle",
+    "weightDecay",
+    "clipGrad",
+    "adamBeta1",
+    "adamBeta2",
+    "precision",
+    "seed",
+    "recompute",
+)
+
+
+def _same(path: str) -> str:
+    """CEL: the optional field at `path` is equal in self and oldSelf (both absent counts)."""
+    parent, _, leaf = path.rpartition(".")
+    new, old = f"self.{parent}", f"oldSelf.{parent}"
+    return (
+        f"(has({new}.{leaf}) == has({old}.{leaf}) && "
+        f"(!has({new}.{leaf}) || {new}.{leaf} == {old}.{leaf}))"
+    )
+
+
+_WHILE_SUSPENDED = " && ".join(
+    [
+        *(
+            _same(p)
+            for p in (
+                "image",
+                "imagePullPolicy",
+                "parallelism",
+                "resources",
+                "topology",
+                "data",
+                "env",
+                "priorityClassName",
+                "checkpoint.shardingType",
+            )
+        ),
+        *(_same(f"training.{f}") for f in _TRAINING_WHILE_SUSPENDED),
+    ]
+)
+
+TRANSITION_RULES: Final[list[dict[str, str]]] = [
+    rule(
+        "self.model == oldSelf.model",
+        "'spec.model is immutable: checkpoints of this job hold this model'",
+        ".model",
+    ),
+    rule(
+        "self.training.globalBatchSize == oldSelf.training.globalBatchSize",
+        "'spec.training.globalBatchSize is immutable: it fixes the data order across resumes'",
+        ".training.globalBatchSize",
+    ),
+    rule(
+        _same("checkpoint.volume") + " && " + _same("checkpoint.path"),
+        "'spec.checkpoint.volume and path are immutable: the trainer resumes from there'",
+        ".checkpoint",
+    ),
+    rule(
+        f"(oldSelf.suspend && self.suspend) || ({_WHILE_SUSPENDED})",
+        "'the layout, resources, placement, data, image and training settings (except "
+        "trainIters) change only while the job is suspended: set spec.suspend: true first'",
+    ),
+]

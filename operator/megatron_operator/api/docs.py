@@ -1,0 +1,96 @@
+"""Render the API reference (docs/api.md) from the generated CRD schema."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .cel import SPEC_RULES, TRANSITION_RULES
+from .crd import crd
+from .recipes import RECIPES
+
+_INTRO = """\
+# API reference: `MegatronJob` (megatron.dev/v1alpha1)
+
+Generated from the pydantic models by `python -m megatron_operator.gen`; a test fails when this
+file is stale. `kubectl explain megatronjob.spec` shows the same descriptions.
+
+Short names: `mj`, `mjob`. Namespaced, with a status subresource. Printer columns: Phase, Layout,
+GPUs, Restarts, Progress, Age.
+"""
+
+_CHANGES = """\
+## Changing a job
+
+| fields | may change |
+|---|---|
+| `spec.model`, `spec.training.globalBatchSize`, `spec.checkpoint.volume`, `spec.checkpoint.path` | never: checkpoints and the data order depend on them |
+| `spec.image`, `imagePullPolicy`, `parallelism`, `resources`, `topology`, `data`, `env`, `priorityClassName`, `checkpoint.shardingType`, the other `training` fields | only while the job stays suspended (`spec.suspend: true` before and after): a resize, e.g. fewer nodes with a new `data` size |
+| `spec.suspend`, `restartPolicy`, `ttlSecondsAfterFinished`, `training.trainIters`, `training.logInterval`, `profiling`, `checkpoint.saveInterval`, `keep`, `async`, `gracePeriodSeconds` | any time; pod-level settings apply from the next attempt |
+
+The apiserver enforces this with CEL transition rules; the operator checks it again for objects
+that bypassed validation.
+"""
+
+_FAILURES = """\
+## Failure rules
+
+`spec.restartPolicy.rules` are tried in order, then the built-in defaults below; the first rule
+whose `exitCodes` (if given) and `reasons` (if given) both match decides the action.
+
+Reasons the operator assigns: `Error` (the trainer exited non-zero), `OOMKilled`, `Evicted`,
+`DisruptionTarget` (the pod condition set on preemption, eviction or a drain), `Preempted`,
+`NodeLost`, `PodDeleted`, `Hang` (no progress for `hangTimeoutSeconds`), `KueueEviction`,
+`ImagePullFailure`, `Unschedulable`.
+"""
+
+
+def _type(node: dict[str, Any]) -> str:
+    if node.get("x-kubernetes-int-or-string"):
+        return "int or string"
+    kind = node.get("type", "")
+    if kind == "array":
+        return f"list of {_type(node['items'])}"
+    if kind == "object" and "additionalProperties" in node:
+        return f"map of {_type(node['additionalProperties'])}"
+    if "enum" in node:
+        return " \\| ".join(f"`{v}`" for v in node["enum"])
+    return str(kind)
+
+
+def _rows(node: dict[str, Any], prefix: str, out: list[str]) -> None:
+    required = set(node.get("required", []))
+    for name, prop in node.get("properties", {}).items():
+        path = f"{prefix}.{name}"
+        default = prop.get("default")
+        shown = "" if default is None or default == {} else f"`{json.dumps(default)}`"
+        req = "yes" if name in required else ""
+        desc = prop.get("description", "").replace("|", "\\|")
+        out.append(f"| `{path}` | {_type(prop)} | {req} | {shown} | {desc} |")
+        target = prop.get("items", prop) if prop.get("type") == "array" else prop
+        if "properties" in target:
+            _rows(target, path + ("[]" if target is not prop else ""), out)
+
+
+def render() -> str:
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    lines = [_INTRO, "## Spec", "", "| field | type | required | default | description |"]
+    lines.append("|---|---|---|---|---|")
+    _rows(schema["properties"]["spec"], "spec", lines)
+    lines += ["", "## Status", "", "| field | type | required | default | description |"]
+    lines.append("|---|---|---|---|---|")
+    _rows(schema["properties"]["status"], "status", lines)
+    lines += ["", "## Recipes", "", "| recipe | fields |", "|---|---|"]
+    for name, fields in RECIPES.items():
+        lines.append(f"| `{name}` | `{json.dumps(fields, separators=(', ', ': '))}` |")
+    lines += ["", _CHANGES, _FAILURES]
+    lines += [
+        "## Server-side validation",
+        "",
+        f"The CRD carries {len(SPEC_RULES)} CEL rules on `spec` (cross-field layout checks that "
+        f"read recipe defaults) and {len(TRANSITION_RULES)} transition rules. The planner "
+        "(`mjob validate`) checks the same rules plus the per-GPU memory budget, and prints "
+        "every problem with a suggested fix.",
+        "",
+    ]
+    return "\n".join(lines)

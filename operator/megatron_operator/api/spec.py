@@ -1,0 +1,383 @@
+"""`MegatronJob.spec` (megatron.dev/v1alpha1): the source of truth for the CRD schema.
+
+Field names are a public contract (examples, docs and tests use them): extend, never rename.
+Every field carries a description, which the CRD generator copies so `kubectl explain` works.
+Cross-field rules live in `megatron_operator.layout` (Python) and `cel.py` (the same rules as CEL).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import ApiModel, AutoOrPositiveInt, NonNegativeInt, PositiveInt, Quantity
+from .recipes import RecipeName
+
+Accelerator = Literal["nvidia.com/gpu", "none"]
+
+# Environment variables the renderer sets (docs/contract.md); spec.env must not shadow them.
+RESERVED_ENV: frozenset[str] = frozenset(
+    {
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "NNODES",
+        "NODE_RANK",
+        "NPROC_PER_NODE",
+        "MEGATRON_CONFIG",
+        "MEGATRON_JOB_NAME",
+        "MEGATRON_RESTART_ATTEMPT",
+        "MEGATRON_REPORT_TO_POD",
+        "MEGATRON_PROGRESS_FILE",
+        "POD_NAME",
+        "POD_NAMESPACE",
+    }
+)
+Precision = Literal["bf16", "fp16", "fp32", "fp8"]
+FailureAction = Literal["Restart", "RestartNotCounted", "Fail"]
+# What the operator can tell about a failure besides the exit code. See docs/api.md.
+FailureReason = Literal[
+    "Error",
+    "OOMKilled",
+    "Evicted",
+    "DisruptionTarget",
+    "Preempted",
+    "NodeLost",
+    "PodDeleted",
+    "Hang",
+    "KueueEviction",
+    "ImagePullFailure",
+    "Unschedulable",
+]
+
+
+class MoeSpec(ApiModel):
+    """Mixture-of-experts settings. Present only for MoE models."""
+
+    num_experts: PositiveInt | None = Field(
+        None, description="Routed experts per MoE layer (required unless the recipe sets it)."
+    )
+    router_top_k: PositiveInt | None = Field(
+        None, description="Experts each token is routed to (required unless the recipe sets it)."
+    )
+    ffn_hidden_size: PositiveInt | None = Field(
+        None, description="Hidden size of each expert's MLP. Defaults to model.ffnHiddenSize."
+    )
+    shared_expert_ffn_hidden_size: PositiveInt | None = Field(
+        None, description="Total hidden size of the shared experts (DeepSeek style); unset: none."
+    )
+    first_k_dense_layers: NonNegativeInt | None = Field(
+        None, description="The first K layers use a dense MLP instead of experts."
+    )
+    aux_loss_coeff: float | None = Field(
+        None, ge=0, description="Load-balancing auxiliary loss coefficient (default 0.01)."
+    )
+    token_dispatcher: Literal["alltoall", "allgather"] | None = Field(
+        None, description="Megatron-Core token dispatcher (default alltoall)."
+    )
+
+
+class MlaSpec(ApiModel):
+    """Multi-latent attention (DeepSeek-V2/V3). Present only for MLA models; needs CUDA."""
+
+    q_lora_rank: PositiveInt | None = Field(None, description="Query LoRA rank; unset: no query compression.")
+    kv_lora_rank: PositiveInt = Field(description="Key/value compression rank.")
+    qk_head_dim: PositiveInt = Field(description="Per-head query/key dimension without RoPE.")
+    qk_pos_emb_head_dim: PositiveInt = Field(description="Per-head query/key RoPE dimension.")
+    v_head_dim: PositiveInt = Field(description="Per-head value dimension.")
+
+
+class ModelSpec(ApiModel):
+    """The model: a built-in recipe, with any field given here overriding the recipe's value."""
+
+    recipe: RecipeName | None = Field(
+        None,
+        description="Built-in preset that supplies defaults for every field below. Without a "
+        "recipe, numLayers, hiddenSize, numAttentionHeads, vocabSize and seqLength are required.",
+    )
+    num_layers: PositiveInt | None = Field(None, description="Transformer layers.")
+    hidden_size: PositiveInt | None = Field(None, description="Model (embedding) dimension.")
+    ffn_hidden_size: PositiveInt | None = Field(
+        None, description="MLP hidden size (default 4 × hiddenSize)."
+    )
+    num_attention_heads: PositiveInt | None = Field(None, description="Attention heads.")
+    num_query_groups: PositiveInt | None = Field(
+        None, description="Key/value head groups for grouped-query attention (default: heads)."
+    )
+    kv_channels: PositiveInt | None = Field(
+        None, description="Per-head dimension (default hiddenSize / numAttentionHeads)."
+    )
+    vocab_size: PositiveInt | None = Field(
+        None, description="Tokenizer vocabulary size before padding."
+    )
+    seq_length: PositiveInt | None = Field(None, description="Training sequence length in tokens.")
+    max_position_embeddings: PositiveInt | None = Field(
+        None, description="Maximum positions the model supports (default seqLength)."
+    )
+    normalization: Literal["RMSNorm", "LayerNorm"] | None = Field(
+        None, description="Normalization layer (default RMSNorm)."
+    )
+    activation: Literal["swiglu", "gelu"] | None = Field(
+        None, description="MLP activation (default swiglu)."
+    )
+    position_embedding: Literal["rope", "learned_absolute"] | None = Field(
+        None, description="Position embedding (default rope)."
+    )
+    rope_theta: float | None = Field(None, gt=0, description="RoPE base frequency (default 10000).")
+    untie_embeddings_and_output_weights: bool | None = Field(
+        None, description="Separate input embedding and output layer weights (default true)."
+    )
+    norm_epsilon: float | None = Field(None, gt=0, description="Normalization epsilon (default 1e-5).")
+    moe: MoeSpec | None = Field(None, description="Mixture-of-experts settings; unset: dense model.")
+    mla: MlaSpec | None = Field(None, description="Multi-latent attention; unset: standard attention.")
+
+
+class ParallelismSpec(ApiModel):
+    """How the model is split across GPUs. Megatron-Core's rank order is tp-cp-ep-dp-pp."""
+
+    tensor: PositiveInt = Field(1, description="Tensor-parallel size (TP). Must divide procsPerNode.")
+    pipeline: PositiveInt = Field(1, description="Pipeline-parallel size (PP).")
+    virtual_pipeline: PositiveInt | None = Field(
+        None,
+        description="Virtual pipeline stages per pipeline rank (interleaved schedule); needs "
+        "pipeline > 1.",
+    )
+    context: PositiveInt = Field(1, description="Context-parallel size (CP); CUDA only.")
+    expert: PositiveInt = Field(1, description="Expert-parallel size (EP); MoE models only, CUDA only.")
+    expert_tensor: PositiveInt | None = Field(
+        None, description="Tensor-parallel size inside experts (ETP); defaults to tensor."
+    )
+    data: AutoOrPositiveInt = Field(
+        "auto",
+        description="Data-parallel size (DP): 'auto' derives nodes × procsPerNode / (tensor × "
+        "pipeline × context); an integer must equal that.",
+    )
+    sequence_parallel: bool = Field(
+        False, description="Sequence parallelism; needs tensor > 1, and is required for MoE with TP."
+    )
+
+
+class TrainingSpec(ApiModel):
+    """Optimisation settings."""
+
+    global_batch_size: PositiveInt = Field(
+        description="Sequences per optimizer step; fixed for the life of the job (and across resumes)."
+    )
+    micro_batch_size: PositiveInt = Field(1, description="Sequences per forward pass per rank.")
+    train_iters: PositiveInt = Field(description="Optimizer steps to train for.")
+    lr: float = Field(3.0e-4, gt=0, description="Peak learning rate.")
+    min_lr: float = Field(3.0e-5, ge=0, description="Final learning rate after decay.")
+    warmup_iters: NonNegativeInt = Field(0, description="Linear warmup steps.")
+    lr_decay_style: Literal["cosine", "linear", "constant"] = Field(
+        "cosine", description="Learning-rate decay after warmup."
+    )
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay.")
+    clip_grad: float = Field(1.0, ge=0, description="Gradient-norm clipping threshold (0: off).")
+    adam_beta1: float = Field(0.9, gt=0, lt=1, description="AdamW beta1.")
+    adam_beta2: float = Field(0.95, gt=0, lt=1, description="AdamW beta2.")
+    precision: Precision | None = Field(
+        None,
+        description="Training precision (default bf16 on GPUs, fp32 with accelerator none). fp8 "
+        "needs Transformer Engine; CPU needs fp32.",
+    )
+    seed: NonNegativeInt = Field(1234, description="Random seed for weights, dropout and data order.")
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none", description="Activation recomputation: trades compute for memory."
+    )
+    log_interval: PositiveInt = Field(
+        10, description="Steps between progress reports (loss, tokens/s, MFU)."
+    )
+
+
+class BlendItem(ApiModel):
+    """One indexed dataset (.bin/.idx, as written by `mjob preprocess`) in a weighted blend."""
+
+    weight: float = Field(gt=0, description="Relative sampling weight.")
+    prefix: str = Field(min_length=1, description="Path prefix of the .bin/.idx pair in the pod.")
+
+
+class TokenizerSpec(ApiModel):
+    """A Hugging Face tokenizer read from a local directory (no hub access)."""
+
+    path: str = Field(min_length=1, description="Directory holding tokenizer.json, in the pod.")
+
+
+class DataSpec(ApiModel):
+    """Training data: either mock data or a weighted blend of preprocessed datasets."""
+
+    mock: bool = Field(False, description="Synthetic token data, for smoke tests and benchmarks.")
+    blend: list[BlendItem] | None = Field(
+        None, min_length=1, description="Weighted datasets; exclusive with mock."
+    )
+    tokenizer: TokenizerSpec | None = Field(None, description="Tokenizer; required with blend.")
+    split: str = Field(
+        "100,0,0", pattern=r"^\d+,\d+,\d+$", description="Train,valid,test split weights."
+    )
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration, copied to every pod."""
+
+    key: str | None = Field(None, description="Taint key; empty matches all keys with Exists.")
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal.")
+    value: str | None = Field(None, description="Taint value for Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; empty matches all."
+    )
+    toleration_seconds: int | None = Field(None, description="For NoExecute: how long to stay bound.")
+
+
+class ResourcesSpec(ApiModel):
+    """Nodes, GPUs and per-pod resources. One pod runs on each node."""
+
+    nodes: PositiveInt = Field(description="Pods (one per node).")
+    procs_per_node: PositiveInt = Field(
+        description="Ranks per pod: one per GPU with nvidia.com/gpu, CPU processes with none."
+    )
+    accelerator: Accelerator = Field(
+        "nvidia.com/gpu", description="GPU resource to request per pod, or none for CPU training."
+    )
+    gpu_memory_gib: float = Field(
+        80.0, gt=0, alias="gpuMemoryGiB", description="Memory per GPU; the planner's budget."
+    )
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict,
+        description="Extra per-pod requests (cpu, memory, rdma/...). The GPU request is set for you.",
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict, description="Per-pod limits. A resource named rdma/* adds IPC_LOCK."
+    )
+    shm_size: Quantity = Field("16Gi", description="Size of the memory-backed /dev/shm.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels every pod must match."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Tolerations added to every pod."
+    )
+
+
+class TopologySpec(ApiModel):
+    """Packing of the job's pods into one topology domain (a rack, an NVLink domain)."""
+
+    key: str | None = Field(None, description="Node label key of the domain, e.g. a rack label.")
+    mode: Literal["required", "preferred", "none"] = Field(
+        "none", description="required: all pods in one domain; preferred: best effort; none: off."
+    )
+
+
+class PvcCreate(ApiModel):
+    """A PersistentVolumeClaim the operator creates (and deletes with the job)."""
+
+    storage_class_name: str | None = Field(None, description="StorageClass; unset: the default.")
+    size: Quantity = Field(description="Requested capacity, e.g. 500Gi.")
+    access_modes: list[Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"]] = Field(
+        default_factory=lambda: ["ReadWriteMany"],
+        min_length=1,
+        description="Access modes; multi-node jobs need ReadWriteMany.",
+    )
+
+
+class VolumeSpec(ApiModel):
+    """Where checkpoints live: an existing claim, or one the operator creates."""
+
+    claim_name: str | None = Field(None, description="An existing PersistentVolumeClaim.")
+    create: PvcCreate | None = Field(None, description="Create a claim named <job>-checkpoints.")
+
+
+class CheckpointSpec(ApiModel):
+    """torch_dist checkpoints in the Megatron-LM layout; the trainer resumes from the newest."""
+
+    volume: VolumeSpec = Field(description="The volume holding checkpoints (exactly one source).")
+    path: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$",
+        description="Directory inside the volume (default: the job name).",
+    )
+    save_interval: PositiveInt = Field(1000, description="Steps between checkpoints.")
+    async_: bool = Field(
+        False, alias="async", description="Write checkpoints in the background (fewer stalls)."
+    )
+    keep: NonNegativeInt = Field(2, description="Newest checkpoints to keep (0 keeps all).")
+    sharding_type: Literal["dp_reshardable", "fully_reshardable"] = Field(
+        "dp_reshardable",
+        description="Distributed-optimizer layout. fully_reshardable allows TP/PP changes on "
+        "resume but saves slower.",
+    )
+    grace_period_seconds: PositiveInt = Field(
+        300, description="Pod termination grace period: time to save a checkpoint on SIGTERM."
+    )
+
+
+class FailureRule(ApiModel):
+    """One failure rule: the first matching rule decides what a pod failure does."""
+
+    action: FailureAction = Field(
+        description="Restart (counts toward maxRestarts), RestartNotCounted, or Fail."
+    )
+    exit_codes: list[int] | None = Field(
+        None, min_length=1, description="Matches when the trainer's exit code is one of these."
+    )
+    reasons: list[FailureReason] | None = Field(
+        None, min_length=1, description="Matches when the failure reason is one of these."
+    )
+
+
+class RestartPolicySpec(ApiModel):
+    """Gang restarts: any rank failing restarts every pod as the next attempt."""
+
+    max_restarts: NonNegativeInt = Field(3, description="Counted restarts before the job fails.")
+    backoff_seconds: NonNegativeInt = Field(
+        10, description="Wait before attempt k+1: backoffSeconds · 2^k, capped."
+    )
+    max_backoff_seconds: NonNegativeInt = Field(300, description="Cap on the backoff.")
+    hang_timeout_seconds: NonNegativeInt = Field(
+        1800, description="Restart with reason Hang when Running without progress this long (0: off)."
+    )
+    rules: list[FailureRule] = Field(
+        default_factory=list,
+        description="Ordered rules, tried before the built-in defaults (see docs/api.md).",
+    )
+
+
+class EnvVar(ApiModel):
+    """An extra environment variable for the trainer container."""
+
+    name: str = Field(min_length=1, description="Variable name.")
+    value: str = Field("", description="Value.")
+
+
+class ProfilingSpec(ApiModel):
+    """A torch.profiler window; traces go to <checkpoint dir>/profiles."""
+
+    start_step: PositiveInt = Field(description="First profiled step.")
+    end_step: PositiveInt = Field(description="Last profiled step.")
+    ranks: list[NonNegativeInt] = Field(default_factory=lambda: [0], description="Ranks to profile.")
+
+
+class MegatronJobSpec(ApiModel):
+    """Desired state of a MegatronJob."""
+
+    image: str = Field(min_length=1, description="Trainer container image.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Image pull policy of the trainer container."
+    )
+    model: ModelSpec = Field(description="The model (a recipe plus overrides).")
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec, description="The parallel layout."
+    )
+    training: TrainingSpec = Field(description="Optimisation settings.")
+    data: DataSpec = Field(description="Training data.")
+    resources: ResourcesSpec = Field(description="Nodes, GPUs and per-pod resources.")
+    topology: TopologySpec = Field(default_factory=TopologySpec, description="Pod packing.")
+    checkpoint: CheckpointSpec = Field(description="Checkpoint volume and schedule.")
+    restart_policy: RestartPolicySpec = Field(
+        default_factory=RestartPolicySpec, description="Gang-restart and failure rules."
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Extra trainer environment.")
+    profiling: ProfilingSpec | None = Field(None, description="Optional profiler window.")
+    priority_class_name: str | None = Field(None, description="PriorityClass of the pods.")
+    suspend: bool = Field(False, description="true deletes the pods (they checkpoint first).")
+    ttl_seconds_after_finished: NonNegativeInt | None = Field(
+        None, description="Delete the job this long after it Succeeded or Failed."
+    )

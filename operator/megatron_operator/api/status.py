@@ -1,0 +1,80 @@
+"""`MegatronJob.status`: written only by the operator (status subresource)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import ApiModel
+
+Phase = Literal["Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
+PHASES: tuple[Phase, ...] = (
+    "Pending",
+    "Queued",
+    "Running",
+    "Restarting",
+    "Succeeded",
+    "Failed",
+    "Suspended",
+)
+
+
+class Condition(ApiModel):
+    """A condition in the Kubernetes convention."""
+
+    type: str = Field(description="Condition type, e.g. Running, Restarting, Succeeded, Failed.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase machine-readable reason.")
+    message: str = Field("", description="Human-readable detail.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(None, description="Spec generation this reflects.")
+
+
+class FailureRecord(ApiModel):
+    """The failure that caused the latest restart or the final failure."""
+
+    pod: str | None = Field(None, description="Pod that failed first.")
+    node: str | None = Field(None, description="Node it ran on.")
+    exit_code: int | None = Field(None, description="Trainer exit code, when it exited.")
+    reason: str = Field(description="Failure reason (see spec.restartPolicy.rules).")
+    message: str = Field("", description="Detail from the pod or the operator.")
+    action: str = Field(description="What the failure rules decided.")
+    time: str = Field(description="When the operator saw it (RFC 3339).")
+
+
+class Progress(ApiModel):
+    """Latest progress reported by trainer rank 0 (pod annotation megatron.dev/progress)."""
+
+    iteration: int = Field(description="Last completed optimizer step.")
+    loss: float | None = Field(None, description="Training loss at that step.")
+    tokens_per_second: float | None = Field(None, description="Training throughput.")
+    mfu: float | None = Field(None, description="Model FLOPs utilisation (0–1).")
+    checkpoint_iteration: int | None = Field(None, description="Newest complete checkpoint.")
+    time: str = Field(description="When rank 0 reported it (RFC 3339).")
+
+
+class MegatronJobStatus(ApiModel):
+    """Observed state of a MegatronJob."""
+
+    phase: Phase | None = Field(None, description="Lifecycle phase.")
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+    observed_generation: int | None = Field(None, description="Spec generation last acted on.")
+    restart_attempt: int = Field(0, description="Current attempt (the restart generation).")
+    restarts: int = Field(0, description="Restarts so far, counted or not.")
+    restarts_counted: int = Field(0, description="Restarts that count toward maxRestarts.")
+    last_failure: FailureRecord | None = Field(None, description="The latest failure.")
+    progress: Progress | None = Field(None, description="Latest training progress.")
+    progress_summary: str | None = Field(
+        None, description="Short progress for printing, e.g. '1200/5000 loss 2.31'."
+    )
+    layout: str | None = Field(None, description="Parallel layout, e.g. TP8·PP2·DP4.")
+    gpus: int | None = Field(None, description="GPUs the job holds when running.")
+    world_size: int | None = Field(None, description="Total ranks.")
+    start_time: str | None = Field(None, description="When the job was first started.")
+    running_since: str | None = Field(None, description="When the current attempt became Running.")
+    completion_time: str | None = Field(None, description="When it Succeeded or Failed.")
+    restart_at: str | None = Field(
+        None, description="While Restarting: when the next attempt starts (after backoff)."
+    )
+    workload: str | None = Field(None, description="Kueue Workload name, when queued.")
