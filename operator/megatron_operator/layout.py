@@ -192,7 +192,7 @@ def _rules_layout(c: _Ctx) -> Iterator[FieldError]:
             f"tensor × pipeline × context ({model_parallel}) must divide resources.nodes × "
             f"resources.procsPerNode ({c.world}): change the degrees or the number of nodes",
         )
-    elif s.parallelism.data != "auto" and s.parallelism.data != c.dp:
+    elif s.parallelism.data not in ("auto", c.dp):
         yield _e(
             "parallelism.data",
             f"data ({s.parallelism.data}) × tensor × pipeline × context ({model_parallel}) = "
@@ -295,17 +295,15 @@ def _rules_experts(c: _Ctx) -> Iterator[FieldError]:
                 f"firstKDenseLayers ({m.moe.first_k_dense_layers}) exceeds numLayers "
                 f"({m.num_layers})",
             )
+    if m.moe is None and ep == 1:
+        return  # a dense model's expert groups mirror its tensor groups: nothing more to check
+    # With tensor × pipeline × context dividing the world, this is the same as "expertTensor
+    # × expert divides tensor × context × data", Megatron's other form of the rule.
     if c.world % (etp * ep * c.pp):
         yield _e(
             "parallelism.expert",
             f"expertTensor × expert × pipeline ({etp} × {ep} × {c.pp}) must divide the world "
             f"size ({c.world})",
-        )
-    elif c.dp is not None and (c.tp * c.cp * c.dp) % (etp * ep):
-        yield _e(
-            "parallelism.expert",
-            f"expertTensor × expert ({etp * ep}) must divide tensor × context × data "
-            f"({c.tp * c.cp * c.dp})",
         )
 
 
@@ -402,8 +400,10 @@ def _rules_objects(c: _Ctx) -> Iterator[FieldError]:
     vol = s.checkpoint.volume
     if (vol.claim_name is None) == (vol.create is None):
         yield _e("checkpoint.volume", "set exactly one of volume.claimName or volume.create")
-    if vol.create is not None and s.resources.nodes > 1 and (
-        "ReadWriteMany" not in vol.create.access_modes
+    if (
+        vol.create is not None
+        and s.resources.nodes > 1
+        and ("ReadWriteMany" not in vol.create.access_modes)
     ):
         yield _e(
             "checkpoint.volume.create.accessModes",

@@ -167,7 +167,7 @@ def _activations(
     else:
         stage = stage_dense * full_dense + stage_moe * full_moe
     # 1F1B keeps up to PP microbatches in flight on the first stage; interleaving adds a bit.
-    in_flight = min(d.pp, num_microbatches)
+    in_flight: float = min(d.pp, num_microbatches)
     if d.vpp:
         in_flight *= 1 + (d.pp - 1) / (d.pp * d.vpp)
     total = stage * in_flight

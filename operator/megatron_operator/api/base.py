@@ -42,7 +42,9 @@ def _check_quantity(value: object) -> str | int:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise ValueError("must be a Kubernetes quantity such as 8, '500m' or '80Gi'")
     if isinstance(value, str) and not _QUANTITY_RE.match(value):
-        raise ValueError(f"{value!r} is not a Kubernetes quantity: use a form like '500m' or '80Gi'")
+        raise ValueError(
+            f"{value!r} is not a Kubernetes quantity: use a form like '500m' or '80Gi'"
+        )
     return value
 
 

@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from .recipes import RECIPES
 from .spec import RESERVED_ENV
+from .transitions import NEVER, WHILE_SUSPENDED
 
 S = "self"
 M = "self.model"
@@ -85,7 +86,9 @@ def _s(expr: str) -> str:
     return f"string({expr})"
 
 
-def rule(rule: str, message: str, field: str = "", reason: str = "FieldValueInvalid") -> dict[str, str]:
+def rule(
+    rule: str, message: str, field: str = "", reason: str = "FieldValueInvalid"
+) -> dict[str, str]:
     """One x-kubernetes-validations entry; `message` is a CEL string expression."""
     out = {"rule": rule, "messageExpression": message, "reason": reason}
     if field:
@@ -206,14 +209,8 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".model.moe.firstKDenseLayers",
     ),
     rule(
-        f"{WORLD} % ({ETP} * {EP} * {PP}) == 0",
+        f"!{IS_MOE} || {WORLD} % ({ETP} * {EP} * {PP}) == 0",
         f"'expertTensor × expert × pipeline must divide the world size (' + {_s(WORLD)} + ')'",
-        ".parallelism.expert",
-    ),
-    rule(
-        f"!{MP_OK} || {WORLD} % ({ETP} * {EP} * {PP}) != 0 || "
-        f"({TP} * {CP} * {DP}) % ({ETP} * {EP}) == 0",
-        "'expertTensor × expert must divide tensor × context × data'",
         ".parallelism.expert",
     ),
     # --- sequence
@@ -243,8 +240,7 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
     ),
     rule(
         f"{GPU} || {EP} == 1",
-        "'expert parallelism is CUDA-only: set expert: 1 or resources.accelerator: "
-        "nvidia.com/gpu'",
+        "'expert parallelism is CUDA-only: set expert: 1 or resources.accelerator: nvidia.com/gpu'",
         ".parallelism.expert",
     ),
     rule(
@@ -263,8 +259,7 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         f"!has({P}.virtualPipeline) || {PP} == 1 || !{MP_OK} || "
         f"{T}.globalBatchSize % ({T}.microBatchSize * {DP}) != 0 || "
         f"({T}.globalBatchSize / ({T}.microBatchSize * {DP})) % {PP} == 0",
-        "'the interleaved schedule needs the number of microbatches to be a multiple of "
-        "pipeline'",
+        "'the interleaved schedule needs the number of microbatches to be a multiple of pipeline'",
         ".training.globalBatchSize",
     ),
     rule(f"{T}.minLr <= {T}.lr", "'minLr exceeds lr'", ".training.minLr"),
@@ -351,27 +346,8 @@ NODE_RULES: Final[dict[str, list[dict[str, str]]]] = {
     ],
 }
 
-# Which fields may change on an existing job (docs/api.md, "Changing a job"):
-# - never: the model, the global batch size and where checkpoints live (a resume must find and
-#   load them);
-# - only while the job stays suspended (old and new spec.suspend true): the layout, resources,
-#   placement, data, image and training hyper-parameters: a resize of a suspended job;
-# - any time: suspend, restartPolicy, ttlSecondsAfterFinished, training.trainIters and
-#   training.logInterval, profiling, and the checkpoint schedule. They apply from the next attempt.
-_TRAINING_WHILE_SUSPENDED = (
-    "microBatchSize",
-    "lr",
-    "minLr",
-    "warmupIters",
-    "lrDecayStyle",
-    "weightDecay",
-    "clipGrad",
-    "adamBeta1",
-    "adamBeta2",
-    "precision",
-    "seed",
-    "recompute",
-)
+# Which fields may change on an existing job: the lists live in transitions.py (the Python
+# check the operator runs); here they become CEL transition rules.
 
 
 def _same(path: str) -> str:
@@ -384,41 +360,13 @@ def _same(path: str) -> str:
     )
 
 
-_WHILE_SUSPENDED = " && ".join(
-    [
-        *(
-            _same(p)
-            for p in (
-                "image",
-                "imagePullPolicy",
-                "parallelism",
-                "resources",
-                "topology",
-                "data",
-                "env",
-                "priorityClassName",
-                "checkpoint.shardingType",
-            )
-        ),
-        *(_same(f"training.{f}") for f in _TRAINING_WHILE_SUSPENDED),
-    ]
-)
+_WHILE_SUSPENDED = " && ".join(_same(p) for p in WHILE_SUSPENDED)
 
 TRANSITION_RULES: Final[list[dict[str, str]]] = [
     rule(
-        "self.model == oldSelf.model",
-        "'spec.model is immutable: checkpoints of this job hold this model'",
-        ".model",
-    ),
-    rule(
-        "self.training.globalBatchSize == oldSelf.training.globalBatchSize",
-        "'spec.training.globalBatchSize is immutable: it fixes the data order across resumes'",
-        ".training.globalBatchSize",
-    ),
-    rule(
-        _same("checkpoint.volume") + " && " + _same("checkpoint.path"),
-        "'spec.checkpoint.volume and path are immutable: the trainer resumes from there'",
-        ".checkpoint",
+        " && ".join(_same(p) for p in NEVER),
+        "'spec.model, training.globalBatchSize, checkpoint.volume and checkpoint.path are "
+        "immutable: checkpoints and the data order depend on them'",
     ),
     rule(
         f"(oldSelf.suspend && self.suspend) || ({_WHILE_SUSPENDED})",

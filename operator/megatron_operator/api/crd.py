@@ -41,7 +41,7 @@ def _openapi(node: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"unions other than X | None are not structural: {any_of}")
         inner = options[0]
         node = {**inner, **{k: v for k, v in node.items() if k not in ("default",)}}
-        if node.get("default", None) is None:
+        if node.get("default") is None:
             node.pop("default", None)
     out: dict[str, Any] = {}
     if "description" in node:
@@ -115,7 +115,9 @@ def _attach(schema: dict[str, Any], path: str, rules: list[dict[str, str]]) -> N
 def _model_schema(model: type[MegatronJobSpec] | type[MegatronJobStatus]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     resolved = _resolve(raw, raw.get("$defs", {}))
-    return _openapi({k: v for k, v in resolved.items() if k not in _DROP or k == "additionalProperties"})
+    return _openapi(
+        {k: v for k, v in resolved.items() if k not in _DROP or k == "additionalProperties"}
+    )
 
 
 def spec_schema() -> dict[str, Any]:

@@ -137,9 +137,7 @@ def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
-        field = next(
-            (f for n, f in model.model_fields.items() if (f.alias or n) == part), None
-        )
+        field = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
         if field is None:
             return None
         model = _inner_model(field.annotation)

@@ -81,7 +81,9 @@ class MoeSpec(ApiModel):
 class MlaSpec(ApiModel):
     """Multi-latent attention (DeepSeek-V2/V3). Present only for MLA models; needs CUDA."""
 
-    q_lora_rank: PositiveInt | None = Field(None, description="Query LoRA rank; unset: no query compression.")
+    q_lora_rank: PositiveInt | None = Field(
+        None, description="Query LoRA rank; unset: no query compression."
+    )
     kv_lora_rank: PositiveInt = Field(description="Key/value compression rank.")
     qk_head_dim: PositiveInt = Field(description="Per-head query/key dimension without RoPE.")
     qk_pos_emb_head_dim: PositiveInt = Field(description="Per-head query/key RoPE dimension.")
@@ -128,15 +130,23 @@ class ModelSpec(ApiModel):
     untie_embeddings_and_output_weights: bool | None = Field(
         None, description="Separate input embedding and output layer weights (default true)."
     )
-    norm_epsilon: float | None = Field(None, gt=0, description="Normalization epsilon (default 1e-5).")
-    moe: MoeSpec | None = Field(None, description="Mixture-of-experts settings; unset: dense model.")
-    mla: MlaSpec | None = Field(None, description="Multi-latent attention; unset: standard attention.")
+    norm_epsilon: float | None = Field(
+        None, gt=0, description="Normalization epsilon (default 1e-5)."
+    )
+    moe: MoeSpec | None = Field(
+        None, description="Mixture-of-experts settings; unset: dense model."
+    )
+    mla: MlaSpec | None = Field(
+        None, description="Multi-latent attention; unset: standard attention."
+    )
 
 
 class ParallelismSpec(ApiModel):
     """How the model is split across GPUs. Megatron-Core's rank order is tp-cp-ep-dp-pp."""
 
-    tensor: PositiveInt = Field(1, description="Tensor-parallel size (TP). Must divide procsPerNode.")
+    tensor: PositiveInt = Field(
+        1, description="Tensor-parallel size (TP). Must divide procsPerNode."
+    )
     pipeline: PositiveInt = Field(1, description="Pipeline-parallel size (PP).")
     virtual_pipeline: PositiveInt | None = Field(
         None,
@@ -144,7 +154,9 @@ class ParallelismSpec(ApiModel):
         "pipeline > 1.",
     )
     context: PositiveInt = Field(1, description="Context-parallel size (CP); CUDA only.")
-    expert: PositiveInt = Field(1, description="Expert-parallel size (EP); MoE models only, CUDA only.")
+    expert: PositiveInt = Field(
+        1, description="Expert-parallel size (EP); MoE models only, CUDA only."
+    )
     expert_tensor: PositiveInt | None = Field(
         None, description="Tensor-parallel size inside experts (ETP); defaults to tensor."
     )
@@ -154,7 +166,8 @@ class ParallelismSpec(ApiModel):
         "pipeline × context); an integer must equal that.",
     )
     sequence_parallel: bool = Field(
-        False, description="Sequence parallelism; needs tensor > 1, and is required for MoE with TP."
+        False,
+        description="Sequence parallelism; needs tensor > 1, and is required for MoE with TP.",
     )
 
 
@@ -181,7 +194,9 @@ class TrainingSpec(ApiModel):
         description="Training precision (default bf16 on GPUs, fp32 with accelerator none). fp8 "
         "needs Transformer Engine; CPU needs fp32.",
     )
-    seed: NonNegativeInt = Field(1234, description="Random seed for weights, dropout and data order.")
+    seed: NonNegativeInt = Field(
+        1234, description="Random seed for weights, dropout and data order."
+    )
     recompute: Literal["none", "selective", "full"] = Field(
         "none", description="Activation recomputation: trades compute for memory."
     )
@@ -225,7 +240,9 @@ class Toleration(ApiModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         None, description="Taint effect to match; empty matches all."
     )
-    toleration_seconds: int | None = Field(None, description="For NoExecute: how long to stay bound.")
+    toleration_seconds: int | None = Field(
+        None, description="For NoExecute: how long to stay bound."
+    )
 
 
 class ResourcesSpec(ApiModel):
@@ -266,13 +283,20 @@ class TopologySpec(ApiModel):
     )
 
 
+AccessMode = Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"]
+
+
+def _read_write_many() -> list[AccessMode]:
+    return ["ReadWriteMany"]
+
+
 class PvcCreate(ApiModel):
     """A PersistentVolumeClaim the operator creates (and deletes with the job)."""
 
     storage_class_name: str | None = Field(None, description="StorageClass; unset: the default.")
     size: Quantity = Field(description="Requested capacity, e.g. 500Gi.")
-    access_modes: list[Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"]] = Field(
-        default_factory=lambda: ["ReadWriteMany"],
+    access_modes: list[AccessMode] = Field(
+        default_factory=_read_write_many,
         min_length=1,
         description="Access modes; multi-node jobs need ReadWriteMany.",
     )
@@ -332,7 +356,8 @@ class RestartPolicySpec(ApiModel):
     )
     max_backoff_seconds: NonNegativeInt = Field(300, description="Cap on the backoff.")
     hang_timeout_seconds: NonNegativeInt = Field(
-        1800, description="Restart with reason Hang when Running without progress this long (0: off)."
+        1800,
+        description="Restart with reason Hang when Running without progress this long (0: off).",
     )
     rules: list[FailureRule] = Field(
         default_factory=list,
@@ -352,7 +377,9 @@ class ProfilingSpec(ApiModel):
 
     start_step: PositiveInt = Field(description="First profiled step.")
     end_step: PositiveInt = Field(description="Last profiled step.")
-    ranks: list[NonNegativeInt] = Field(default_factory=lambda: [0], description="Ranks to profile.")
+    ranks: list[NonNegativeInt] = Field(
+        default_factory=lambda: [0], description="Ranks to profile."
+    )
 
 
 class MegatronJobSpec(ApiModel):
