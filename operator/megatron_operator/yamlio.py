@@ -8,7 +8,8 @@ import yaml
 
 
 class _Dumper(yaml.SafeDumper):
-    pass
+    def ignore_aliases(self, data: Any) -> bool:
+        return True  # objects shared in memory print in full: no &id001 anchors for readers
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:

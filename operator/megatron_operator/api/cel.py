@@ -353,7 +353,7 @@ NODE_RULES: Final[dict[str, list[dict[str, str]]]] = {
 def _same(path: str) -> str:
     """CEL: the optional field at `path` is equal in self and oldSelf (both absent counts)."""
     parent, _, leaf = path.rpartition(".")
-    new, old = f"self.{parent}", f"oldSelf.{parent}"
+    new, old = ("self", "oldSelf") if not parent else (f"self.{parent}", f"oldSelf.{parent}")
     return (
         f"(has({new}.{leaf}) == has({old}.{leaf}) && "
         f"(!has({new}.{leaf}) || {new}.{leaf} == {old}.{leaf}))"

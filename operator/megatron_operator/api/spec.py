@@ -286,17 +286,13 @@ class TopologySpec(ApiModel):
 AccessMode = Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"]
 
 
-def _read_write_many() -> list[AccessMode]:
-    return ["ReadWriteMany"]
-
-
 class PvcCreate(ApiModel):
     """A PersistentVolumeClaim the operator creates (and deletes with the job)."""
 
     storage_class_name: str | None = Field(None, description="StorageClass; unset: the default.")
     size: Quantity = Field(description="Requested capacity, e.g. 500Gi.")
     access_modes: list[AccessMode] = Field(
-        default_factory=_read_write_many,
+        default=["ReadWriteMany"],
         min_length=1,
         description="Access modes; multi-node jobs need ReadWriteMany.",
     )
@@ -377,9 +373,7 @@ class ProfilingSpec(ApiModel):
 
     start_step: PositiveInt = Field(description="First profiled step.")
     end_step: PositiveInt = Field(description="Last profiled step.")
-    ranks: list[NonNegativeInt] = Field(
-        default_factory=lambda: [0], description="Ranks to profile."
-    )
+    ranks: list[NonNegativeInt] = Field(default=[0], description="Ranks to profile.")
 
 
 class MegatronJobSpec(ApiModel):

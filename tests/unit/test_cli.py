@@ -1,0 +1,126 @@
+"""`mjob` as a user runs it: exit codes, stderr messages, and no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from megatron_operator.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "examples" / "cpu-tiny.yaml")
+
+
+def _mjob(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "megatron_operator.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("spec: [unclosed\n", "malformed YAML"),
+        (
+            "apiVersion: megatron.dev/v1alpha1\nkind: MegatronJob\nmetadata: {name: x}\nspec: {}\n",
+            "required",
+        ),
+        ("just a string\n", "expected a MegatronJob mapping"),
+    ],
+)
+def test_bad_files_exit_2_without_traceback(tmp_path: Path, content: str, fragment: str) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(content)
+    for cmd in ("validate", "plan", "render"):
+        proc = _mjob(cmd, str(path))
+        assert proc.returncode == 2, proc.stderr
+        assert fragment in proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert proc.stdout == ""
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    proc = _mjob("validate", str(tmp_path / "nope.yaml"))
+    assert proc.returncode == 2
+    assert "cannot read the file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_invalid_layout_lists_every_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["validate", TINY, "--set", "parallelism.tensor=4", "--set", "training.minLr=1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "spec.parallelism.tensor" in err and "spec.training.minLr" in err
+    assert "2 problems" in err or "3 problems" in err
+
+
+def test_bad_set_syntax(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", TINY, "--set", "no-equals-sign"]) == 2
+    assert "path=value" in capsys.readouterr().err
+
+
+def test_unknown_argument_exits_2() -> None:
+    proc = _mjob("plan", TINY, "--frobnicate")
+    assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr
+
+
+def test_plan_json_has_the_contract_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", TINY, "-o", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    for key in [
+        "worldSize",
+        "nodes",
+        "procsPerNode",
+        "tensor",
+        "pipeline",
+        "virtualPipeline",
+        "context",
+        "expert",
+        "expertTensor",
+        "data",
+        "numMicrobatches",
+        "paddedVocabSize",
+    ]:
+        assert key in plan, key
+    assert isinstance(plan["memory"]["perGpuGiB"], float)
+    assert set(plan["ranks"][0]) == {
+        "rank",
+        "node",
+        "localRank",
+        "tp",
+        "cp",
+        "dp",
+        "pp",
+        "ep",
+        "etp",
+        "edp",
+    }
+
+
+def test_render_restart_attempt_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["render", TINY, "--restart-attempt", "4", "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "List"
+    pods = [o for o in doc["items"] if o["kind"] == "Pod"]
+    assert pods[0]["metadata"]["labels"]["megatron.dev/restart-attempt"] == "4"
+    assert main(["render", TINY, "--restart-attempt", "-1"]) == 2
+
+
+def test_set_applies_to_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["render", TINY, "--set", "training.trainIters=1000"]) == 0
+    objs = yaml.safe_load(capsys.readouterr().out)["items"]
+    cm = next(o for o in objs if o["kind"] == "ConfigMap")
+    assert json.loads(cm["data"]["config.json"])["training"]["trainIters"] == 1000
+
+
+def test_crd_command_prints_the_crd(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["crd"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["kind"] == "CustomResourceDefinition"

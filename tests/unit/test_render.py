@@ -1,0 +1,161 @@
+"""Renderer: golden YAML, Kubernetes schema validation, and the properties pods must have."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from megatron_operator.api import load_file
+from megatron_operator.api.job import MegatronJob
+from megatron_operator.layout import plan
+from megatron_operator.names import (
+    LABEL_JOB_NAME,
+    LABEL_NODE_RANK,
+    LABEL_RESTART_ATTEMPT,
+)
+from megatron_operator.render import as_list, render
+from megatron_operator.yamlio import dump_yaml
+
+from .specs import job_of
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden"
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+K8S_VERSION = "1.34.0"
+
+
+def _with_uid(job: MegatronJob) -> MegatronJob:
+    meta = job.metadata.model_copy(update={"uid": "00000000-0000-0000-0000-000000000001"})
+    return job.model_copy(update={"metadata": meta})
+
+
+@pytest.mark.parametrize(
+    ("example", "attempt"), [("cpu-tiny", 0), ("llama3-70b", 3), ("deepseek-v2-lite", 0)]
+)
+def test_render_matches_golden(example: str, attempt: int) -> None:
+    job = _with_uid(load_file(ROOT / "examples" / f"{example}.yaml"))
+    text = dump_yaml(as_list(render(job, plan(job.spec), attempt)))
+    golden = GOLDEN / f"render-{example}-attempt{attempt}.yaml"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(text, encoding="utf-8")
+    assert golden.exists(), f"missing {golden}: run with UPDATE_GOLDEN=1 and review the diff"
+    assert text == golden.read_text(encoding="utf-8"), (
+        f"{golden.name} differs: if the change is intended, rerun with UPDATE_GOLDEN=1 and "
+        "review the diff"
+    )
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_every_rendered_object_validates_against_kubernetes_schema(path: Path) -> None:
+    job = _with_uid(load_file(path))
+    for obj in render(job, plan(job.spec), attempt=2):
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def _pods(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == "Pod"]
+
+
+def test_one_pod_per_node_with_deterministic_names_and_labels() -> None:
+    job = _with_uid(job_of({"resources.nodes": 4}, name="big"))
+    objs = render(job, plan(job.spec), attempt=5)
+    pods = _pods(objs)
+    assert [p["metadata"]["name"] for p in pods] == ["big-0", "big-1", "big-2", "big-3"]
+    for i, p in enumerate(pods):
+        labels = p["metadata"]["labels"]
+        assert labels[LABEL_JOB_NAME] == "big"
+        assert labels[LABEL_RESTART_ATTEMPT] == "5"
+        assert labels[LABEL_NODE_RANK] == str(i)
+        owner = p["metadata"]["ownerReferences"][0]
+        assert owner["kind"] == "MegatronJob" and owner["controller"] is True
+        assert owner["uid"] == job.metadata.uid
+    for obj in objs:
+        assert obj["metadata"]["labels"][LABEL_JOB_NAME] == "big"
+    assert render(job, plan(job.spec), attempt=5) == objs  # deterministic
+
+
+def test_pod_env_contract_and_resources() -> None:
+    job = job_of({"resources.nodes": 2, "resources.procsPerNode": 8}, name="j", namespace="ml")
+    pods = _pods(render(job, plan(job.spec), attempt=1))
+    env = {e["name"]: e.get("value") for e in pods[1]["spec"]["containers"][0]["env"]}
+    assert env["MASTER_ADDR"] == "j-0.j.ml.svc"
+    assert env["MASTER_PORT"] == "29500"
+    assert env["WORLD_SIZE"] == "16"
+    assert env["NNODES"] == "2"
+    assert env["NODE_RANK"] == "1"
+    assert env["NPROC_PER_NODE"] == "8"
+    assert env["MEGATRON_CONFIG"] == "/etc/megatron/config.json"
+    assert env["MEGATRON_RESTART_ATTEMPT"] == "1"
+    c = pods[1]["spec"]["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == "8"
+    shm = next(v for v in pods[1]["spec"]["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert pods[1]["spec"]["subdomain"] == "j"
+    assert pods[1]["spec"]["hostname"] == "j-1"
+
+
+def test_security_context_is_restrictive_and_rdma_adds_only_ipc_lock() -> None:
+    plain = _pods(render(job_of(), plan(job_of().spec)))[0]["spec"]["containers"][0]
+    assert plain["securityContext"]["allowPrivilegeEscalation"] is False
+    assert plain["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    job = job_of({"resources.requests": {"rdma/ib": "1"}, "resources.limits": {"rdma/ib": "1"}})
+    rdma = _pods(render(job, plan(job.spec)))[0]["spec"]["containers"][0]
+    assert rdma["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+
+
+def test_topology_modes() -> None:
+    def affinity(mode: str) -> dict[str, Any]:
+        job = job_of({"topology": {"key": "rack", "mode": mode}})
+        return dict(_pods(render(job, plan(job.spec)))[0]["spec"]["affinity"])
+
+    anti = affinity("none")["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
+    assert "podAffinity" not in affinity("none")
+    req = affinity("required")["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert req[0]["topologyKey"] == "rack"
+    pref = affinity("preferred")["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert pref[0]["podAffinityTerm"]["topologyKey"] == "rack"
+
+
+def test_pvc_only_when_created_and_service_is_headless() -> None:
+    kinds = [o["kind"] for o in render(job_of(), plan(job_of().spec))]
+    assert "PersistentVolumeClaim" not in kinds
+    job = job_of({"checkpoint.volume": {"create": {"size": "10Gi", "storageClassName": "fast"}}})
+    objs = render(job, plan(job.spec))
+    claim = next(o for o in objs if o["kind"] == "PersistentVolumeClaim")
+    assert claim["metadata"]["name"] == "job-checkpoints"
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    svc = next(o for o in objs if o["kind"] == "Service")
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_trainer_role_allows_patching_only_its_pods() -> None:
+    job = job_of({"resources.nodes": 3, "training.globalBatchSize": 48})
+    role = next(o for o in render(job, plan(job.spec)) if o["kind"] == "Role")
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["pods"],
+            "resourceNames": ["job-0", "job-1", "job-2"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+
+
+def test_config_map_holds_the_resolved_config() -> None:
+    job = job_of({"parallelism.tensor": 2, "model.numLayers": 6})
+    cm = next(o for o in render(job, plan(job.spec)) if o["kind"] == "ConfigMap")
+    cfg = json.loads(cm["data"]["config.json"])
+    assert cfg["kind"] == "TrainerConfig"
+    assert cfg["model"]["numLayers"] == 6  # override
+    assert cfg["model"]["hiddenSize"] == 128  # from the recipe
+    assert cfg["parallelism"]["data"] == 8  # auto resolved
+    assert cfg["training"]["precision"] == "bf16"  # GPU default
+    assert cfg["checkpoint"]["dir"] == "/mnt/checkpoints/job"
