@@ -38,10 +38,20 @@ _FAILURES = """\
 `spec.restartPolicy.rules` are tried in order, then the built-in defaults below; the first rule
 whose `exitCodes` (if given) and `reasons` (if given) both match decides the action.
 
-Reasons the operator assigns: `Error` (the trainer exited non-zero), `OOMKilled`, `Evicted`,
-`DisruptionTarget` (the pod condition set on preemption, eviction or a drain), `Preempted`,
-`NodeLost`, `PodDeleted`, `Hang` (no progress for `hangTimeoutSeconds`), `KueueEviction`,
-`ImagePullFailure`, `Unschedulable`.
+Reasons the operator assigns: `Error` (the trainer exited non-zero), `OOMKilled` (the container
+was OOM-killed), `Evicted` (the kubelet evicted the pod), `DisruptionTarget` (the pod condition set
+on an API eviction, a drain or a taint), `Preempted` (DisruptionTarget by the scheduler's
+preemption), `NodeLost` (the pod's node is NotReady or gone), `PodDeleted` (someone deleted a
+running pod), `Hang` (Running with no progress for `hangTimeoutSeconds`), `KueueEviction`.
+
+Built-in defaults, after your rules:
+
+| # | matches | action |
+|---|---|---|
+| 1 | reasons `DisruptionTarget`, `Preempted`, `Evicted`, `NodeLost`, `KueueEviction` | `RestartNotCounted` |
+| 2 | exit code 78 (the trainer's configuration error) | `Fail` |
+| 3 | exit code 143 (the trainer saved a checkpoint after SIGTERM) | `RestartNotCounted` |
+| 4 | anything else | `Restart` |
 """
 
 

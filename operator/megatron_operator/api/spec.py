@@ -47,8 +47,6 @@ FailureReason = Literal[
     "PodDeleted",
     "Hang",
     "KueueEviction",
-    "ImagePullFailure",
-    "Unschedulable",
 ]
 
 

@@ -1,0 +1,88 @@
+"""Failure rules as data: table tests of matching, the restart budget, and backoff."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from megatron_operator.api.spec import RestartPolicySpec
+from megatron_operator.policy import Failure, backoff_seconds, decide, first_failure, match
+
+
+def _policy(**kw: Any) -> RestartPolicySpec:
+    return RestartPolicySpec.model_validate(kw)
+
+
+@pytest.mark.parametrize(
+    ("failure", "rules", "action"),
+    [
+        (Failure("Error", 1), [], "Restart"),
+        (Failure("Error", 137), [], "Restart"),
+        (Failure("OOMKilled", 137), [], "Restart"),
+        (Failure("Error", 78), [], "Fail"),
+        (Failure("Error", 143), [], "RestartNotCounted"),
+        (Failure("DisruptionTarget"), [], "RestartNotCounted"),
+        (Failure("Preempted", 143), [], "RestartNotCounted"),
+        (Failure("Evicted"), [], "RestartNotCounted"),
+        (Failure("NodeLost"), [], "RestartNotCounted"),
+        (Failure("KueueEviction"), [], "RestartNotCounted"),
+        (Failure("PodDeleted"), [], "Restart"),
+        (Failure("Hang"), [], "Restart"),
+        # the job's rules come first
+        (Failure("Error", 3), [{"action": "Fail", "exitCodes": [3]}], "Fail"),
+        (Failure("Error", 78), [{"action": "Restart", "exitCodes": [78]}], "Restart"),
+        (
+            Failure("Hang"),
+            [{"action": "RestartNotCounted", "reasons": ["Hang"]}],
+            "RestartNotCounted",
+        ),
+        # both conditions of a rule must hold
+        (
+            Failure("OOMKilled", 1),
+            [{"action": "Fail", "exitCodes": [1], "reasons": ["Error"]}],
+            "Restart",
+        ),
+        (Failure("Error", 1), [{"action": "Fail", "exitCodes": [1], "reasons": ["Error"]}], "Fail"),
+    ],
+)
+def test_rule_matching(failure: Failure, rules: list[dict[str, Any]], action: str) -> None:
+    assert match(failure, list(_policy(rules=rules).rules))[0] == action
+
+
+def test_restart_budget_counts_only_counted_restarts() -> None:
+    policy = _policy(maxRestarts=2)
+    assert decide(Failure("Error", 1), policy, 0).action == "Restart"
+    assert decide(Failure("Error", 1), policy, 1).action == "Restart"
+    last = decide(Failure("Error", 1), policy, 2)
+    assert last.action == "Fail" and "maxRestarts (2)" in last.message
+    # not-counted restarts go on past the budget
+    free = decide(Failure("NodeLost"), policy, 2)
+    assert (free.action, free.counted) == ("Restart", False)
+
+
+def test_zero_max_restarts_fails_on_first_counted_failure() -> None:
+    assert decide(Failure("Error", 1), _policy(maxRestarts=0), 0).action == "Fail"
+
+
+@pytest.mark.parametrize(
+    ("restarts", "expected"), [(0, 10.0), (1, 20.0), (2, 40.0), (5, 300.0), (100, 300.0)]
+)
+def test_backoff_doubles_and_caps(restarts: int, expected: float) -> None:
+    policy = _policy(backoffSeconds=10, maxBackoffSeconds=300)
+    assert backoff_seconds(policy, restarts) == expected
+
+
+def test_backoff_zero() -> None:
+    assert backoff_seconds(_policy(backoffSeconds=0, maxBackoffSeconds=0), 7) == 0.0
+
+
+def test_first_failure_blames_the_cause() -> None:
+    survivors = [Failure("Error", 143, pod="j-1"), Failure("Error", 137, pod="j-2")]
+    crash = Failure("Error", 1, pod="j-3")
+    assert first_failure([*survivors, crash]) == crash
+    config = Failure("Error", 78, pod="j-4")
+    assert first_failure([crash, config, *survivors]) == config
+    lost = Failure("NodeLost", None, pod="j-5")
+    assert first_failure([crash, lost]) == lost
+    assert first_failure([]) is None
