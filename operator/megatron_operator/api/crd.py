@@ -12,7 +12,16 @@ import copy
 from typing import Any
 
 from .cel import NODE_RULES, SPEC_RULES, TRANSITION_RULES
-from .job import GROUP, KIND, MAX_NAME_LENGTH, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from .job import (
+    GROUP,
+    KIND,
+    MAX_NAME_LENGTH,
+    NAME_PATTERN,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+)
 from .spec import MegatronJobSpec
 from .status import MegatronJobStatus
 
@@ -168,11 +177,17 @@ def crd() -> dict[str, Any]:
         },
         "x-kubernetes-validations": [
             {
+                "rule": f"self.metadata.name.matches('{NAME_PATTERN}')",
+                "message": "metadata.name must be a DNS label (lowercase letters, digits and '-', "
+                "starting with a letter): pod hostnames are built from it",
+                "reason": "FieldValueInvalid",
+            },
+            {
                 "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
                 "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters "
                 "(pod hostnames append the node rank)",
                 "reason": "FieldValueInvalid",
-            }
+            },
         ],
     }
     return {

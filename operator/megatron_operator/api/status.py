@@ -61,6 +61,9 @@ class MegatronJobStatus(ApiModel):
     conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
     observed_generation: int | None = Field(None, description="Spec generation last acted on.")
     restart_attempt: int = Field(0, description="Current attempt (the restart generation).")
+    launched_attempt: int | None = Field(
+        None, description="The latest attempt whose pods were all created."
+    )
     restarts: int = Field(0, description="Restarts so far, counted or not.")
     restarts_counted: int = Field(0, description="Restarts that count toward maxRestarts.")
     last_failure: FailureRecord | None = Field(None, description="The latest failure.")

@@ -46,15 +46,23 @@ def _get(doc: dict[str, Any], path: str) -> Any:
     return node
 
 
-def check_update(old: MegatronJobSpec, new: MegatronJobSpec) -> list[FieldError]:
-    """Problems with changing `old` into `new` (empty when the change is allowed)."""
+def check_update(
+    old: MegatronJobSpec, new: MegatronJobSpec, suspended: bool | None = None
+) -> list[FieldError]:
+    """Problems with changing `old` into `new` (empty when the change is allowed).
+
+    `suspended` says whether the job stayed suspended in between; by default, as in the CEL rule,
+    both specs must say `suspend: true`. The operator passes its own view (phase Suspended), since
+    it may have missed the intermediate updates."""
     a, b = old.to_api(), new.to_api()
+    if suspended is None:
+        suspended = old.suspend and new.suspend
     errors = [
         FieldError(f"spec.{path}", "is immutable: delete and re-create the job to change it")
         for path in NEVER
         if _get(a, path) != _get(b, path)
     ]
-    if not (old.suspend and new.suspend):
+    if not suspended:
         errors += [
             FieldError(
                 f"spec.{path}",

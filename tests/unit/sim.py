@@ -1,0 +1,131 @@
+"""A tiny in-memory world for driving the pure state machine through whole lifecycles.
+
+It applies an Outcome the way the operator's shell does (status, then deletes, then creates),
+and lets a test play kubelet/kwok: run, fail or finish pods. Crash tests apply only part of an
+Outcome. This is not a Kubernetes fake for the operator: the integration tests use a real
+apiserver; this only feeds `reconcile`, which is pure.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from megatron_operator.names import ANNOTATION_PROGRESS
+from megatron_operator.observe import format_time, pod_view
+from megatron_operator.reconcile import Outcome, Settings, World, reconcile
+from megatron_operator.render import pod as render_pod
+
+T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
+
+
+@dataclass
+class Sim:
+    job: dict[str, Any]
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    now: datetime = T0
+    not_ready: dict[str, datetime] = field(default_factory=dict)
+    events: list[tuple[str, str]] = field(default_factory=list)
+    created: int = 0
+    settings: Settings = field(default_factory=Settings)
+    last: Outcome | None = None
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.job.get("status") or {})
+
+    def world(self) -> World:
+        return World(
+            job=copy.deepcopy(self.job),
+            pods=[pod_view(p) for p in self.pods.values()],
+            now=self.now,
+            not_ready_nodes=dict(self.not_ready),
+        )
+
+    def step(self, *, write_status: bool = True, max_creates: int | None = None) -> Outcome:
+        out = reconcile(self.world(), self.settings)
+        self.last = out
+        if write_status:
+            self.job["status"] = copy.deepcopy(out.status)
+            self.events += [(e.reason, e.message) for e in out.events]
+        for name in out.delete_pods:
+            pod = self.pods.get(name)
+            if pod is not None:
+                pod["metadata"]["deletionTimestamp"] = format_time(self.now)
+        ranks = out.create_ranks if max_creates is None else out.create_ranks[:max_creates]
+        for rank in ranks:
+            assert out.job is not None and out.plan is not None
+            obj = render_pod(out.job, out.plan, rank, out.attempt)
+            name = obj["metadata"]["name"]
+            assert name not in self.pods, f"duplicate create of {name}"
+            obj["status"] = {"phase": "Pending"}
+            self.pods[name] = obj
+            self.created += 1
+        return out
+
+    def settle(self, steps: int = 6) -> None:
+        """Reconcile repeatedly, finishing deletions in between (kwok's pod-delete stage)."""
+        for _ in range(steps):
+            self.step()
+            self.finish_deletions()
+
+    def finish_deletions(self) -> None:
+        for name in [n for n, p in self.pods.items() if p["metadata"].get("deletionTimestamp")]:
+            del self.pods[name]
+
+    def tick(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    # --- playing kubelet
+    def run_all(self) -> None:
+        for i, p in enumerate(self.pods.values()):
+            if p["status"]["phase"] == "Pending":
+                p["spec"]["nodeName"] = f"node-{i}"
+                p["status"] = {"phase": "Running"}
+
+    def fail(self, name: str, exit_code: int = 1, reason: str = "Error") -> None:
+        self.pods[name]["status"] = {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "state": {"terminated": {"exitCode": exit_code, "reason": reason}},
+                }
+            ],
+        }
+
+    def disrupt(self, name: str, reason: str = "EvictionByEvictionAPI") -> None:
+        status = self.pods[name]["status"]
+        status.setdefault("conditions", []).append(
+            {"type": "DisruptionTarget", "status": "True", "reason": reason}
+        )
+        self.fail(name, 143)
+        self.pods[name]["status"]["conditions"] = status["conditions"]
+
+    def succeed_all(self) -> None:
+        for p in self.pods.values():
+            p["status"] = {
+                "phase": "Succeeded",
+                "containerStatuses": [
+                    {
+                        "name": "trainer",
+                        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                    }
+                ],
+            }
+
+    def report_progress(self, iteration: int, at: datetime | None = None) -> None:
+        rank0 = next(
+            p
+            for p in self.pods.values()
+            if p["metadata"]["labels"]["megatron.dev/node-rank"] == "0"
+        )
+        rank0["metadata"].setdefault("annotations", {})[ANNOTATION_PROGRESS] = json.dumps(
+            {"iteration": iteration, "loss": 2.5, "time": format_time(at or self.now)}
+        )
+
+    def attempts(self) -> set[str]:
+        return {p["metadata"]["labels"]["megatron.dev/restart-attempt"] for p in self.pods.values()}

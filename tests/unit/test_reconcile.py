@@ -1,0 +1,290 @@
+"""The job state machine, driven through whole lifecycles in memory (pure, no cluster)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from megatron_operator.reconcile import World, reconcile
+
+from .sim import T0, Sim
+from .specs import job_doc, spec_of
+
+
+def _sim(changes: dict[str, Any] | None = None, nodes: int = 4) -> Sim:
+    base = {"resources.nodes": nodes, "training.globalBatchSize": 8 * nodes * 4}
+    doc = job_doc(spec_of({**base, **(changes or {})}), name="job")
+    doc["metadata"].update(uid="uid-1", generation=1)
+    return Sim(job=doc)
+
+
+def _running(sim: Sim) -> None:
+    sim.settle()
+    sim.run_all()
+    sim.step()
+
+
+def test_create_then_running() -> None:
+    sim = _sim()
+    sim.step()
+    assert sorted(sim.pods) == ["job-0", "job-1", "job-2", "job-3"]
+    assert sim.status["phase"] == "Pending"
+    assert sim.status["layout"] == "DP32"
+    sim.step()
+    assert sim.status["launchedAttempt"] == 0
+    sim.run_all()
+    sim.step()
+    assert sim.status["phase"] == "Running"
+    assert ("Running", "all 4 pods are running (attempt 0)") in sim.events
+    assert sim.created == 4
+
+
+def test_gang_restart_after_backoff() -> None:
+    sim = _sim({"restartPolicy": {"backoffSeconds": 10, "maxBackoffSeconds": 60}})
+    _running(sim)
+    sim.fail("job-2", exit_code=1)
+    out = sim.step()
+    st = sim.status
+    assert (st["phase"], st["restarts"], st["restartsCounted"], st["restartAttempt"]) == (
+        "Restarting",
+        1,
+        1,
+        1,
+    )
+    # every pod of the attempt goes, the failed one too: the next attempt reuses the names
+    assert sorted(out.delete_pods) == ["job-0", "job-1", "job-2", "job-3"]
+    assert st["lastFailure"]["pod"] == "job-2" and st["lastFailure"]["exitCode"] == 1
+    assert any(c["type"] == "Restarting" and c["status"] == "True" for c in st["conditions"])
+    assert any(reason == "Restarting" for reason, _ in sim.events)
+    sim.finish_deletions()
+    assert sim.pods == {}
+    sim.step()  # all gone: the backoff starts now
+    assert sim.status["restartAt"] == "2026-11-22T12:00:10Z"
+    assert sim.pods == {}
+    sim.tick(9)
+    sim.step()
+    assert sim.pods == {}
+    sim.tick(2)
+    sim.step()
+    assert sim.attempts() == {"1"} and len(sim.pods) == 4
+    assert sim.status["phase"] == "Pending"
+
+
+def test_max_restarts_fails_and_frees_every_gpu() -> None:
+    sim = _sim({"restartPolicy": {"maxRestarts": 1, "backoffSeconds": 0, "maxBackoffSeconds": 0}})
+    _running(sim)
+    sim.fail("job-0")
+    sim.settle()
+    sim.run_all()
+    sim.step()
+    assert sim.status["phase"] == "Running" and sim.attempts() == {"1"}
+    sim.fail("job-1")
+    sim.settle()
+    assert sim.status["phase"] == "Failed"
+    assert sim.pods == {}
+    failed = next(c for c in sim.status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "MaxRestartsExceeded"
+
+
+def test_config_error_exit_code_fails_without_retry() -> None:
+    sim = _sim()
+    _running(sim)
+    sim.fail("job-1", exit_code=78)
+    sim.settle()
+    assert sim.status["phase"] == "Failed"
+    assert sim.status["restarts"] == 0
+    assert sim.pods == {}
+
+
+def test_disruption_restarts_without_counting() -> None:
+    sim = _sim({"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0}})
+    _running(sim)
+    sim.disrupt("job-3")
+    sim.step()
+    assert (sim.status["restarts"], sim.status["restartsCounted"]) == (1, 0)
+    assert sim.status["lastFailure"]["reason"] == "DisruptionTarget"
+
+
+def test_node_lost_after_grace() -> None:
+    sim = _sim({"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0}})
+    _running(sim)
+    node = sim.pods["job-1"]["spec"]["nodeName"]
+    sim.not_ready[node] = sim.now
+    out = sim.step()
+    assert sim.status["phase"] == "Running"
+    assert 29 < out.requeue_after <= 30.1  # woken up when the grace ends
+    sim.tick(31)
+    sim.step()
+    assert sim.status["phase"] == "Restarting"
+    assert sim.status["lastFailure"]["reason"] == "NodeLost"
+    assert sim.status["restartsCounted"] == 0
+
+
+def test_hang_detection() -> None:
+    sim = _sim({"restartPolicy": {"hangTimeoutSeconds": 60}})
+    _running(sim)
+    sim.tick(50)
+    sim.report_progress(10)  # fresh
+    sim.step()
+    assert sim.status["phase"] == "Running"
+    assert sim.status["progressSummary"] == "10/100 loss 2.5"
+    sim.tick(59)
+    sim.step()
+    assert sim.status["phase"] == "Running"
+    sim.tick(2)
+    sim.step()
+    assert sim.status["phase"] == "Restarting"
+    assert sim.status["lastFailure"]["reason"] == "Hang"
+
+
+def test_stale_progress_annotation_hangs_after_timeout_from_running() -> None:
+    sim = _sim({"restartPolicy": {"hangTimeoutSeconds": 30}})
+    _running(sim)
+    sim.report_progress(3, at=T0.replace(hour=1))  # hours old
+    sim.tick(10)
+    sim.step()
+    assert sim.status["phase"] == "Running"  # measured from runningSince, not the stale time
+    sim.tick(25)
+    sim.step()
+    assert sim.status["lastFailure"]["reason"] == "Hang"
+
+
+def test_success_and_ttl() -> None:
+    sim = _sim({"ttlSecondsAfterFinished": 100})
+    _running(sim)
+    sim.succeed_all()
+    out = sim.step()
+    assert sim.status["phase"] == "Succeeded"
+    assert out.delete_pods == []  # finished pods hold no GPU: kept for their logs
+    sim.tick(99)
+    assert not sim.step().delete_job
+    sim.tick(2)
+    assert sim.step().delete_job
+
+
+def test_suspend_and_resume() -> None:
+    sim = _sim()
+    _running(sim)
+    sim.job["spec"]["suspend"] = True
+    out = sim.step()
+    assert sim.status["phase"] == "Suspended"
+    assert len(out.delete_pods) == 4
+    sim.finish_deletions()
+    sim.step()
+    sim.job["spec"]["suspend"] = False
+    sim.step()
+    assert sim.attempts() == {"1"} and len(sim.pods) == 4
+    assert sim.status["restarts"] == 0
+    assert sim.status["phase"] == "Pending"
+
+
+def test_invalid_spec_fails_and_a_fix_revives() -> None:
+    sim = _sim({"parallelism.tensor": 3})
+    sim.step()
+    st = sim.status
+    assert st["phase"] == "Failed"
+    failed = next(c for c in st["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert "spec.parallelism.tensor" in failed["message"]
+    assert sim.pods == {}
+    events = len(sim.events)
+    sim.step()
+    assert len(sim.events) == events  # no event storm on every resync
+    sim.job["spec"]["parallelism"]["tensor"] = 2
+    sim.job["metadata"]["generation"] = 2
+    sim.step()
+    assert sim.status["phase"] == "Pending" and len(sim.pods) == 4
+
+
+def test_operator_crash_while_creating_converges_to_one_attempt() -> None:
+    sim = _sim(nodes=64, changes={"training.globalBatchSize": 512})
+    sim.step(write_status=False, max_creates=17)  # killed after 17 creates, before the status
+    sim.step(max_creates=30)
+    sim.step()
+    sim.step()
+    assert len(sim.pods) == 64 and sim.created == 64
+    assert sim.attempts() == {"0"}
+    assert sim.status["launchedAttempt"] == 0 and sim.status["restarts"] == 0
+
+
+def test_operator_crash_during_restart_counts_once() -> None:
+    sim = _sim({"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0}})
+    _running(sim)
+    sim.fail("job-0")
+    sim.step()  # status written (restart recorded), but say the deletes were lost:
+    for p in sim.pods.values():
+        p["metadata"].pop("deletionTimestamp", None)
+    sim.settle()
+    assert sim.status["restarts"] == 1
+    assert sim.attempts() == {"1"}
+
+
+def test_deleted_pod_after_launch_restarts() -> None:
+    sim = _sim({"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0}})
+    _running(sim)
+    del sim.pods["job-2"]
+    sim.step()
+    assert sim.status["lastFailure"]["reason"] == "PodDeleted"
+
+
+def _any_json() -> st.SearchStrategy[Any]:
+    leaf = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-5, 10**6),
+        st.floats(allow_nan=True),
+        st.text(max_size=8),
+    )
+    return st.recursive(
+        leaf,
+        lambda c: st.one_of(
+            st.lists(c, max_size=3), st.dictionaries(st.text(max_size=12), c, max_size=4)
+        ),
+        max_leaves=12,
+    )
+
+
+SPEC_KEYS = [
+    "image",
+    "model",
+    "parallelism",
+    "training",
+    "data",
+    "resources",
+    "checkpoint",
+    "restartPolicy",
+    "suspend",
+]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    spec=st.dictionaries(st.sampled_from(SPEC_KEYS), _any_json(), max_size=6),
+    status=st.one_of(
+        st.none(),
+        _any_json(),
+        st.dictionaries(
+            st.sampled_from(["phase", "restarts", "conditions", "restartAttempt", "progress"]),
+            _any_json(),
+        ),
+    ),
+    base=st.booleans(),
+)
+def test_reconcile_never_raises(spec: dict[str, Any], status: Any, base: bool) -> None:
+    doc = job_doc({**spec_of(), **spec} if base else spec)
+    doc["metadata"]["uid"] = "u"
+    doc["status"] = status
+    out = reconcile(World(job=doc, pods=[], now=T0))
+    json.dumps(out.status)  # always serialisable
+    assert out.status.get("phase") in (
+        "Failed",
+        "Pending",
+        "Running",
+        "Restarting",
+        "Suspended",
+        "Succeeded",
+        None,
+    )
