@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from . import operator_cli
 from .api import SpecError, load_file
 from .api.job import MegatronJob
 from .layout import Plan, plan
@@ -135,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_preprocess)
 
+    operator_cli.register(sub)
     return parser
 
 

@@ -24,6 +24,7 @@ CONTAINER_NAME: Final = "trainer"
 MASTER_PORT: Final = 29500
 CONFIG_MOUNT: Final = "/etc/megatron"
 CONFIG_KEY: Final = "config.json"
+SPEC_KEY: Final = "spec.json"  # in the ConfigMap: the spec the current attempt runs
 CHECKPOINT_MOUNT: Final = "/mnt/checkpoints"
 
 

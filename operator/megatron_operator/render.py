@@ -25,6 +25,7 @@ from .names import (
     LABEL_RESTART_ATTEMPT,
     MANAGED_BY,
     MASTER_PORT,
+    SPEC_KEY,
     config_map_name,
     master_addr,
     pod_name,
@@ -84,12 +85,17 @@ def service(job: MegatronJob) -> Obj:
 
 
 def config_map(job: MegatronJob, plan: Plan) -> Obj:
+    """The resolved trainer config, plus the spec it came from: the operator compares a later
+    spec with it to enforce which fields may change (api/transitions.py)."""
     text = json.dumps(trainer_config(job, plan), indent=2, sort_keys=True)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(job, config_map_name(job.name)),
-        "data": {CONFIG_KEY: text + "\n"},
+        "data": {
+            CONFIG_KEY: text + "\n",
+            SPEC_KEY: json.dumps(job.spec.to_api(), sort_keys=True),
+        },
     }
 
 

@@ -1,0 +1,105 @@
+"""One reconcile of one job: observe through `kube`, decide with `reconcile`, act through `kube`.
+
+This is the imperative shell around the pure state machine. It applies an Outcome in the order
+that makes a crash at any point safe (see reconcile.py): status, events, deletes, creates.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+
+from .kube import Conflict, Kube
+from .metrics import Metrics
+from .observe import parse_time, pod_view
+from .reconcile import Outcome, Settings, World, reconcile
+from .render import pod, render
+
+log = logging.getLogger(__name__)
+
+# Node name → when it became NotReady (None while Ready); absent: no such node.
+NodeLookup = Callable[[str], "tuple[bool, datetime | None]"]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Controller:
+    def __init__(self, kube: Kube, metrics: Metrics, settings: Settings | None = None) -> None:
+        self.kube = kube
+        self.metrics = metrics
+        self.settings = settings or Settings()
+
+    def reconcile_job(self, namespace: str, name: str, nodes: NodeLookup | None = None) -> float:
+        """Reconcile once; returns the seconds until the next reconcile is due."""
+        started = time.perf_counter()
+        try:
+            return self._reconcile(namespace, name, nodes)
+        except Conflict as exc:
+            log.info("conflict, observing again: %s", exc)
+            return 0.2
+        finally:
+            self.metrics.reconcile.observe(time.perf_counter() - started)
+
+    def _reconcile(self, namespace: str, name: str, nodes: NodeLookup | None) -> float:
+        job = self.kube.get_job(namespace, name)
+        if job is None:
+            self.metrics.forget(namespace, name)
+            return self.settings.resync_seconds
+        raw_pods = self.kube.list_pods(namespace, name)
+        pods = [pod_view(p) for p in raw_pods]
+        status = job.get("status") if isinstance(job.get("status"), dict) else {}
+        accepted = self.kube.accepted_spec(namespace, name) if status else None
+        not_ready: dict[str, datetime] = {}
+        known: set[str] | None = None
+        if nodes is not None:
+            known = set()
+            for node in {p.node for p in pods if p.node}:
+                exists, since = nodes(node)
+                if exists:
+                    known.add(node)
+                if since is not None:
+                    not_ready[node] = since
+        world = World(
+            job=job,
+            pods=pods,
+            now=_now(),
+            not_ready_nodes=not_ready,
+            known_nodes=frozenset(known) if known is not None else None,
+            accepted_spec=accepted,
+        )
+        out = reconcile(world, self.settings)
+        self._apply(job, out)
+        return out.requeue_after
+
+    def _apply(self, job: dict[str, object], out: Outcome) -> None:
+        meta = job["metadata"]
+        assert isinstance(meta, Mapping)
+        namespace, name = str(meta["namespace"]), str(meta["name"])
+        if out.status != job.get("status"):
+            self.kube.replace_status(dict(job), out.status)
+        now = _now()
+        for event in out.events:
+            self.kube.event(dict(job), event.type, event.reason, event.message, now)
+        self.metrics.observe_status(namespace, name, out.status)
+        if out.restart_reason is not None:
+            self.metrics.restarts.labels(namespace, name, out.restart_reason).inc()
+        if out.entered_running and out.status.get("restartAttempt") == 0:
+            created = parse_time(meta.get("creationTimestamp"))
+            if created is not None:
+                self.metrics.time_to_running.observe((now - created).total_seconds())
+        if out.delete_pods:
+            log.info("%s/%s: deleting %d pods", namespace, name, len(out.delete_pods))
+            self.kube.delete_pods(namespace, out.delete_pods)
+        if out.create_ranks and out.job is not None and out.plan is not None:
+            children = [o for o in render(out.job, out.plan, out.attempt) if o["kind"] != "Pod"]
+            self.kube.ensure_children(children)
+            pods = [pod(out.job, out.plan, r, out.attempt) for r in out.create_ranks]
+            made = self.kube.create_pods(pods)
+            log.info("%s/%s: attempt %d: created %d pods", namespace, name, out.attempt, made)
+        if out.delete_job:
+            log.info("%s/%s: ttlSecondsAfterFinished passed: deleting the job", namespace, name)
+            self.kube.delete_job(namespace, name)

@@ -1,0 +1,268 @@
+"""The only module that talks to the Kubernetes API (besides kopf's own watching).
+
+It moves raw JSON: reads skip the client's model deserialisation (slow for thousand-pod lists)
+and writes send plain dicts. Creation is get-or-create (409 is success) and deletion treats 404 as
+done, so every call is idempotent. Pods are created and deleted from a thread pool: a gang of
+1,024 pods goes out concurrently rather than one request at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from .api.job import GROUP, PLURAL, VERSION
+from .names import LABEL_JOB_NAME, MANAGED_BY, SPEC_KEY, config_map_name
+from .observe import format_time
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+
+
+class Conflict(Exception):
+    """The object changed since it was read (resourceVersion mismatch): observe again."""
+
+
+def _json(resp: Any) -> Any:
+    return json.loads(resp.data)
+
+
+def _body(obj: object) -> Any:
+    """Plain dicts go to the API as they are; the client's model types are only annotations."""
+    return obj
+
+
+class Kube:
+    def __init__(self, api_client: kubernetes.client.ApiClient, workers: int = 32) -> None:
+        self.client = api_client
+        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.rbac = kubernetes.client.RbacAuthorizationV1Api(api_client)
+        self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
+
+    @classmethod
+    def connect(cls, workers: int = 32) -> Kube:
+        """In-cluster config when running in a pod, else the current kubeconfig."""
+        config = kubernetes.client.Configuration()
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config(client_configuration=config)  # type: ignore[no-untyped-call]
+        # One connection per worker thread, or urllib3 queues requests behind 4 sockets.
+        config.connection_pool_maxsize = workers + 4
+        return cls(kubernetes.client.ApiClient(config), workers)
+
+    # --- MegatronJobs
+    def get_job(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return dict(
+                _json(
+                    self.custom.get_namespaced_custom_object(
+                        GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
+                    )
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def replace_status(self, job: Obj, status: Obj) -> None:
+        """Write the whole status (PUT with resourceVersion): stale removed keys cannot linger,
+        and a concurrent change of the job makes this fail rather than overwrite."""
+        body = {**job, "status": status}
+        meta = job["metadata"]
+        try:
+            self.custom.replace_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                meta["namespace"],
+                PLURAL,
+                meta["name"],
+                body,
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                raise Conflict(f"{meta['namespace']}/{meta['name']}: {exc.reason}") from None
+            raise
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        self._ignore_404(
+            lambda: self.custom.delete_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                body=_body({"propagationPolicy": "Background"}),
+                _preload_content=False,
+            )
+        )
+
+    # --- pods
+    def list_pods(self, namespace: str, job: str) -> list[Obj]:
+        resp = self.core.list_namespaced_pod(
+            namespace, label_selector=f"{LABEL_JOB_NAME}={job}", _preload_content=False
+        )
+        return list(_json(resp).get("items") or [])
+
+    def create_pods(self, pods: list[Obj]) -> int:
+        """Create concurrently; a pod that already exists counts as done. Returns how many
+        this call created."""
+        return sum(self.pool.map(self._create_pod, pods))
+
+    def _create_pod(self, pod: Obj) -> int:
+        try:
+            self.core.create_namespaced_pod(
+                pod["metadata"]["namespace"], _body(pod), _preload_content=False
+            )
+            return 1
+        except ApiException as exc:
+            if exc.status == 409:
+                return 0
+            raise
+
+    def delete_pods(self, namespace: str, names: Iterable[str]) -> None:
+        """Delete with each pod's own grace period (the trainer checkpoints on SIGTERM)."""
+        list(self.pool.map(lambda n: self._delete_pod(namespace, n), names))
+
+    def _delete_pod(self, namespace: str, name: str) -> None:
+        self._ignore_404(
+            lambda: self.core.delete_namespaced_pod(name, namespace, _preload_content=False)
+        )
+
+    # --- the other children
+    def ensure_children(self, objs: list[Obj]) -> None:
+        """Get-or-create the non-pod children. The ConfigMap and the Role are replaced, since a
+        new attempt may run a changed spec (e.g. a resize while suspended)."""
+        for obj in objs:
+            kind = obj["kind"]
+            if kind == "ConfigMap":
+                self._upsert(
+                    obj,
+                    create=self.core.create_namespaced_config_map,
+                    replace=self.core.replace_namespaced_config_map,
+                )
+            elif kind == "Role":
+                self._upsert(
+                    obj,
+                    create=self.rbac.create_namespaced_role,
+                    replace=self.rbac.replace_namespaced_role,
+                )
+            else:
+                self._create(obj)
+
+    def _create(self, obj: Obj) -> None:
+        ns = obj["metadata"]["namespace"]
+        create: Any = {
+            "ServiceAccount": self.core.create_namespaced_service_account,
+            "Service": self.core.create_namespaced_service,
+            "PersistentVolumeClaim": self.core.create_namespaced_persistent_volume_claim,
+            "RoleBinding": self.rbac.create_namespaced_role_binding,
+        }[obj["kind"]]
+        try:
+            create(ns, obj, _preload_content=False)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    @staticmethod
+    def _upsert(obj: Obj, create: Any, replace: Any) -> None:
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        try:
+            create(ns, obj, _preload_content=False)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            replace(name, ns, obj, _preload_content=False)
+
+    def accepted_spec(self, namespace: str, job: str) -> Obj | None:
+        """The spec the running attempt was started from (kept in the job's ConfigMap)."""
+        try:
+            resp = self.core.read_namespaced_config_map(
+                config_map_name(job), namespace, _preload_content=False
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        text = (_json(resp).get("data") or {}).get(SPEC_KEY)
+        try:
+            spec = json.loads(text) if isinstance(text, str) else None
+        except ValueError:
+            return None
+        return spec if isinstance(spec, dict) else None
+
+    def delete_children(self, namespace: str, job: str) -> None:
+        """Delete everything labelled with the job, without waiting for the garbage collector
+        to discover the CRD kind (up to 30 s after it is installed)."""
+        selector = f"{LABEL_JOB_NAME}={job},app.kubernetes.io/managed-by={MANAGED_BY}"
+        pods = [p["metadata"]["name"] for p in self.list_pods(namespace, job)]
+        self.delete_pods(namespace, pods)
+        for delete in (
+            self.core.delete_collection_namespaced_service_account,
+            self.core.delete_collection_namespaced_config_map,
+            self.core.delete_collection_namespaced_persistent_volume_claim,
+            self.rbac.delete_collection_namespaced_role,
+            self.rbac.delete_collection_namespaced_role_binding,
+        ):
+            delete(namespace, label_selector=selector, _preload_content=False)
+        # Services have no delete-collection endpoint.
+        resp = self.core.list_namespaced_service(
+            namespace, label_selector=selector, _preload_content=False
+        )
+        for svc in _json(resp).get("items") or []:
+            name = svc["metadata"]["name"]
+            self._ignore_404(
+                lambda n=name: self.core.delete_namespaced_service(
+                    n, namespace, _preload_content=False
+                )
+            )
+
+    # --- events
+    def event(self, job: Obj, type_: str, reason: str, message: str, now: datetime) -> None:
+        meta = job["metadata"]
+        stamp = format_time(now)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": job.get("apiVersion"),
+                "kind": job.get("kind"),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": "megatron-operator"},
+            "reportingComponent": "megatron-operator",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(
+                meta["namespace"], _body(body), _preload_content=False
+            )
+        except ApiException as exc:  # events are best effort; never block a reconcile on them
+            log.warning("could not post event %s for %s: %s", reason, meta["name"], exc.reason)
+
+    @staticmethod
+    def _ignore_404(call: Any) -> None:
+        try:
+            call()
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
