@@ -28,6 +28,7 @@ from typing import Any
 
 from .api import FieldError, MegatronJob, MegatronJobSpec, SpecError, load_job
 from .api.spec import FailureReason
+from .api.status import PHASES
 from .api.transitions import check_update
 from .conditions import reason_of, set_condition
 from .layout import Plan, plan
@@ -133,6 +134,13 @@ class _Machine:
         )
         for key in ("restartAttempt", "restarts", "restartsCounted"):
             st[key] = _clean_int(st.get(key))
+        if st.get("phase") not in PHASES:
+            st.pop("phase", None)  # someone else's write, or garbage: start from what we see
+        if "launchedAttempt" in st and _clean_int(st["launchedAttempt"], -1) < 0:
+            del st["launchedAttempt"]
+        for key in ("lastFailure", "progress"):
+            if key in st and not isinstance(st[key], dict):
+                del st[key]
         self.st = st
         self.out = Outcome(status=st, requeue_after=settings.resync_seconds)
         self.deadlines: list[datetime] = []
