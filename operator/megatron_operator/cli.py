@@ -17,6 +17,7 @@ from . import operator_cli
 from .api import SpecError, load_file
 from .api.job import MegatronJob
 from .layout import Plan, plan
+from .local import cli as local_cli
 from .yamlio import dump_yaml
 
 EXIT_INVALID = 2
@@ -137,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_preprocess)
 
     operator_cli.register(sub)
+    local_cli.register(sub)
     return parser
 
 

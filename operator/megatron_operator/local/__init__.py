@@ -1,0 +1,1 @@
+"""`mjob run --local`: run rendered pods as local process groups."""

@@ -1,0 +1,105 @@
+"""`--inject-failure STEP[:RANK[:SIGNAL]]`: kill a rank when it first reaches a step."""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+from megatron_operator.api.errors import FieldError, SpecError
+
+
+@dataclass
+class Injection:
+    step: int
+    rank: int = 0
+    signal: int = signal.SIGKILL
+    fired: bool = False
+
+    def describe(self) -> str:
+        return f"{signal.Signals(self.signal).name} to rank {self.rank} at step {self.step}"
+
+
+def _signal(text: str) -> int:
+    name = text.upper()
+    if name.isdigit():
+        return signal.Signals(int(name)).value
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    return signal.Signals[name].value
+
+
+def parse_injection(text: str) -> Injection:
+    """Parse one STEP[:RANK[:SIGNAL]]; SIGNAL is a name (KILL, SIGTERM) or a number."""
+    parts = text.split(":")
+    try:
+        if not 1 <= len(parts) <= 3:
+            raise ValueError
+        step = int(parts[0])
+        rank = int(parts[1]) if len(parts) > 1 and parts[1] else 0
+        sig = _signal(parts[2]) if len(parts) > 2 else signal.SIGKILL
+        if step < 1 or rank < 0:
+            raise ValueError
+    except (ValueError, KeyError):
+        raise SpecError(
+            [
+                FieldError(
+                    "--inject-failure",
+                    f"{text!r} is not STEP[:RANK[:SIGNAL]] with STEP ≥ 1, RANK ≥ 0 and a signal "
+                    "such as KILL or TERM (e.g. 20, 20:1, 20:1:TERM)",
+                )
+            ]
+        ) from None
+    return Injection(step, rank, sig)
+
+
+def check_ranks(injections: list[Injection], world_size: int) -> None:
+    bad = [i for i in injections if i.rank >= world_size]
+    if bad:
+        raise SpecError(
+            [
+                FieldError(
+                    "--inject-failure",
+                    f"rank {i.rank} does not exist (world size {world_size})",
+                )
+                for i in bad
+            ]
+        )
+
+
+def rank_pids(roots: list[int]) -> dict[int, int]:
+    """Global rank → PID of the trainer's rank processes under these pod processes."""
+    import psutil
+
+    found: dict[int, int] = {}
+    for root in roots:
+        try:
+            children = psutil.Process(root).children(recursive=True)
+        except psutil.NoSuchProcess:
+            continue
+        for child in children:
+            try:
+                cmd = child.cmdline()
+                rank = child.environ().get("RANK")
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            if (
+                rank is not None
+                and rank.isdigit()
+                and any("megatron_trainer.worker" in c for c in cmd)
+            ):
+                found.setdefault(int(rank), child.pid)
+    return found
+
+
+def fire(injection: Injection, roots: list[int]) -> bool:
+    """Send the signal to the rank's process. False if that rank is not running (yet)."""
+    pid = rank_pids(roots).get(injection.rank)
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, injection.signal)
+    except ProcessLookupError:
+        return False
+    injection.fired = True
+    return True

@@ -1,0 +1,109 @@
+"""Rendered pods → local processes (pure): the same command and env contract, on loopback.
+
+As torchx's local scheduler runs the same AppDef it would submit, `mjob run --local` runs the
+objects the operator would create: each Pod becomes one process group running the pod's container
+command with the pod's env. Only what cannot exist locally is swapped: MASTER_ADDR becomes
+loopback, the checkpoint volume a directory, the mounted ConfigMap a file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megatron_operator.names import CHECKPOINT_MOUNT, CONFIG_KEY
+
+
+@dataclass(frozen=True)
+class LocalPod:
+    name: str
+    node_rank: int
+    argv: list[str]
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a local run keeps things, all under the workdir."""
+
+    workdir: Path
+
+    @property
+    def config(self) -> Path:
+        return self.workdir / "config.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.workdir / "checkpoints"
+
+    @property
+    def progress(self) -> Path:
+        return self.workdir / "progress.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        return self.workdir / "summary.json"
+
+    @property
+    def loss_plot(self) -> Path:
+        return self.workdir / "loss.png"
+
+    def logs(self, attempt: int) -> Path:
+        return self.workdir / "logs" / f"attempt-{attempt}"
+
+
+def local_config(objs: list[dict[str, Any]], layout: Layout) -> dict[str, Any]:
+    """The ConfigMap's trainer config with the volume path mapped to the workdir. Progress is
+    reported every step locally: the summary keeps one loss per iteration."""
+    cm = next(o for o in objs if o["kind"] == "ConfigMap")
+    config: dict[str, Any] = json.loads(cm["data"][CONFIG_KEY])
+    ckpt = config["checkpoint"]["dir"]
+    if ckpt.startswith(CHECKPOINT_MOUNT):
+        config["checkpoint"]["dir"] = str(layout.checkpoints) + ckpt[len(CHECKPOINT_MOUNT) :]
+    config["training"]["logInterval"] = 1
+    return config
+
+
+def _env_value(item: dict[str, Any], pod: dict[str, Any]) -> str | None:
+    if "value" in item:
+        return str(item["value"])
+    field = ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+    if field == "metadata.name":
+        return str(pod["metadata"]["name"])
+    if field == "metadata.namespace":
+        return str(pod["metadata"]["namespace"])
+    return None
+
+
+def local_pods(
+    objs: list[dict[str, Any]], layout: Layout, python: str, port: int
+) -> list[LocalPod]:
+    out = []
+    for pod in (o for o in objs if o["kind"] == "Pod"):
+        container = pod["spec"]["containers"][0]
+        env: dict[str, str] = {}
+        for item in container.get("env", []):
+            value = _env_value(item, pod)
+            if value is not None:
+                env[item["name"]] = value
+        env.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            MEGATRON_CONFIG=str(layout.config),
+            MEGATRON_REPORT_TO_POD="false",
+            MEGATRON_PROGRESS_FILE=str(layout.progress),
+        )
+        argv = list(container["command"]) + list(container.get("args", []))
+        if argv and argv[0] == "python":
+            argv[0] = python  # the image's interpreter is this environment's
+        out.append(
+            LocalPod(
+                name=pod["metadata"]["name"],
+                node_rank=int(pod["metadata"]["labels"]["megatron.dev/node-rank"]),
+                argv=argv,
+                env=env,
+            )
+        )
+    return out
