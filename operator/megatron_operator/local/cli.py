@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     job = load_file(args.file, args.overrides)
     p = plan(job.spec)
+    if job.metadata.uid is None:
+        # The apiserver gives every object a uid; locally the workdir plays that part.
+        uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"mjob-local:{job.namespace}/{job.name}"))
+        job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"uid": uid})})
     injections = [parse_injection(text) for text in args.inject_failure]
     check_ranks(injections, p.world_size)
     workdir = Path(args.workdir or Path("runs") / job.name).resolve()

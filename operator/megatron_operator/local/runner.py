@@ -112,10 +112,13 @@ class LocalRunner:
                 return outcome
             decision = decide(outcome, self.policy, counted)
             self.display.event(f"[attempt {attempt}] {decision.message}")
+            if outcome.message:
+                self.display.event(f"  {outcome.pod}: {outcome.message}")
             if decision.action == "Fail":
-                return Result(
-                    "Failed", outcome.reason, decision.message, EXIT_FAILED, restarts, restart_iters
-                )
+                why = decision.message
+                if outcome.message:
+                    why += f". Last output of {outcome.pod}: {outcome.message}"
+                return Result("Failed", outcome.reason, why, EXIT_FAILED, restarts, restart_iters)
             restarts += 1
             counted += int(decision.counted)
             restart_iters.append(int((self.progress.latest or {}).get("iteration", 0)))
