@@ -190,7 +190,9 @@ class Cluster:
         ns = [f"--namespace={namespace}"] if namespace else []
         self.kubectl("apply", *ns, "-f", "-", input=text)
 
-    def helm(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def helm(
+        self, *args: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [str(self.helm_path), f"--kubeconfig={self.kubeconfig}", *args],
             capture_output=True,
@@ -209,17 +211,28 @@ class Cluster:
 
     def api_client(self) -> Any:
         """A kubernetes.client.ApiClient for this cluster (the `kubernetes` package)."""
-        from kubernetes import config  # noqa: PLC0415 - optional dependency of the fixture
+        from kubernetes import config
 
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
     # -- faults -------------------------------------------------------------------------------
     def fail_pod(
-        self, namespace: str, name: str, exit_code: int = 1, reason: str = "Error",
+        self,
+        namespace: str,
+        name: str,
+        exit_code: int = 1,
+        reason: str = "Error",
         wait: bool = True,
     ) -> None:
         """Running -> Failed with this container exit code (kwok chaos stage)."""
-        args = ["fail-pod", f"{namespace}/{name}", "--exit-code", str(exit_code), "--reason", reason]
+        args = [
+            "fail-pod",
+            f"{namespace}/{name}",
+            "--exit-code",
+            str(exit_code),
+            "--reason",
+            reason,
+        ]
         self.driver(*args, *([] if wait else ["--no-wait"]))
 
     def complete_pod(self, namespace: str, name: str, wait: bool = True) -> None:
@@ -260,7 +273,9 @@ class Cluster:
     def pod_phase(self, namespace: str, name: str) -> str:
         return str(self.pod(namespace, name).get("status", {}).get("phase", ""))
 
-    def wait_pod_phase(self, namespace: str, name: str, phase: str, timeout: float = 30) -> dict[str, Any]:
+    def wait_pod_phase(
+        self, namespace: str, name: str, phase: str, timeout: float = 30
+    ) -> dict[str, Any]:
         def check() -> dict[str, Any] | None:
             pod = self.pod(namespace, name)
             return pod if pod.get("status", {}).get("phase") == phase else None
@@ -289,7 +304,9 @@ def _running(state_dir: Path) -> bool:
         return False
     out = subprocess.run(
         [str(DRIVER), "status", "--state", str(state_dir)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout
     lines = [line for line in out.splitlines() if " pid " in line]
     return bool(lines) and all(line.rstrip().endswith("running") for line in lines)
@@ -310,9 +327,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         return
     state = Path(reuse).resolve() if reuse else tmp_path_factory.mktemp("cluster")
     args = [
-        "--nodes", str(_env_int("MEGATRON_CLUSTER_NODES", 16)),
-        "--gpus-per-node", str(_env_int("MEGATRON_CLUSTER_GPUS_PER_NODE", 8)),
-        "--nodes-per-rack", str(_env_int("MEGATRON_CLUSTER_NODES_PER_RACK", 4)),
+        "--nodes",
+        str(_env_int("MEGATRON_CLUSTER_NODES", 16)),
+        "--gpus-per-node",
+        str(_env_int("MEGATRON_CLUSTER_GPUS_PER_NODE", 8)),
+        "--nodes-per-rack",
+        str(_env_int("MEGATRON_CLUSTER_NODES_PER_RACK", 4)),
     ]
     if _env_int("MEGATRON_CLUSTER_KUEUE", 1):
         args.append("--kueue")
@@ -342,8 +362,13 @@ def cluster_factory() -> Iterator[Callable[..., Cluster]]:
             state_dir = Path(tempfile.mkdtemp(prefix="megatron-cluster-"))
             tmp_dirs.append(state_dir)
         args = [
-            "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node),
-            "--nodes-per-rack", str(nodes_per_rack), *extra_args,
+            "--nodes",
+            str(nodes),
+            "--gpus-per-node",
+            str(gpus_per_node),
+            "--nodes-per-rack",
+            str(nodes_per_rack),
+            *extra_args,
         ]
         if kueue:
             args.append("--kueue")
@@ -376,8 +401,10 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     name = f"{_dns_label(request.node.name, 40)}-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", name)
     cluster.wait(
-        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False)
-        .returncode == 0,
+        lambda: (
+            cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode
+            == 0
+        ),
         timeout=30,
         what=f"the default ServiceAccount of {name}",
     )
