@@ -54,8 +54,8 @@ def tiny_config(
         tensor=tp, pipeline=pp, data=dp, virtualPipeline=vpp, expertTensor=tp, expertData=dp
     )
     cfg["resources"].update(nodes=nodes, procsPerNode=world // nodes)
-    cfg["training"]["numMicrobatches"] = (
-        cfg["training"]["globalBatchSize"] // (cfg["training"]["microBatchSize"] * dp)
+    cfg["training"]["numMicrobatches"] = cfg["training"]["globalBatchSize"] // (
+        cfg["training"]["microBatchSize"] * dp
     )
     cfg["training"].update(training)
     cfg["checkpoint"]["dir"] = str(checkpoint_dir)

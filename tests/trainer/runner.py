@@ -34,7 +34,9 @@ class Run:
         return {r["iteration"]: r["loss"] for r in self.progress if r["loss"] is not None}
 
 
-def pod_env(cfg: dict[str, Any], config_path: Path, port: int, node_rank: int = 0) -> dict[str, str]:
+def pod_env(
+    cfg: dict[str, Any], config_path: Path, port: int, node_rank: int = 0
+) -> dict[str, str]:
     res = cfg["resources"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEGATRON_", "OMP_"))}
     env.update(

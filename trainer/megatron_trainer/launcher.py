@@ -1,0 +1,205 @@
+"""`python -m megatron_trainer`: validate, then start and supervise NPROC_PER_NODE local ranks.
+
+Why our own launcher and not torchrun's elastic agent: restarts belong to the operator, which
+restarts the whole gang with its failure rules and backoff. The elastic agent would restart ranks
+inside the pod and hide failures from it. What a pod needs instead is small:
+  - validate the config before any rank imports torch, so a bad job exits 78 in milliseconds;
+  - when one local rank fails, kill the others at once (they would otherwise block in a
+    collective until a timeout) and exit with the failed rank's code, so the pod fails fast;
+  - forward SIGTERM to every rank, so they agree on one iteration, checkpoint it and exit 143;
+  - leave no process behind: ranks die with the launcher (PR_SET_PDEATHSIG), and the launcher is a
+    child subreaper, so it also kills orphaned checkpoint-writer processes of a killed rank.
+Stdlib only: no torch import here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from types import FrameType
+
+from .config import (
+    EXIT_CONFIG,
+    EXIT_OK,
+    EXIT_SIGTERM,
+    ConfigError,
+    RuntimeEnv,
+    load_config,
+    runtime_env,
+)
+from .signals import LAUNCHER_PID_ENV
+from .validate import validate
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+# After SIGTERM, ranks normally exit together once their checkpoint is written. If some rank
+# finished (143) and another has not after this long, it is stuck: kill it.
+STRAGGLER_SECONDS = 120.0
+
+
+def _prctl(option: int, value: int) -> None:
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(option, value, 0, 0, 0)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def exit_code(status: int) -> int:
+    """Shell convention: a rank killed by signal N reports 128 + N (SIGKILL -> 137)."""
+    return 128 - status if status < 0 else status
+
+
+def rank_env(
+    environ: Mapping[str, str], env: RuntimeEnv, local_rank: int, cpu: bool
+) -> dict[str, str]:
+    child = dict(environ)
+    child.update(
+        RANK=str(env.global_rank(local_rank)),
+        LOCAL_RANK=str(local_rank),
+        LOCAL_WORLD_SIZE=str(env.nproc_per_node),
+        GROUP_RANK=str(env.node_rank),
+        PYTHONUNBUFFERED="1",
+    )
+    child[LAUNCHER_PID_ENV] = str(os.getpid())
+    if cpu and "OMP_NUM_THREADS" not in environ:
+        # Share the pod's cores between its ranks instead of every rank using all of them.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        child["OMP_NUM_THREADS"] = str(max(1, (cores or 1) // env.nproc_per_node))
+    return child
+
+
+class Supervisor:
+    def __init__(self, env: RuntimeEnv, cpu: bool, command: Sequence[str]) -> None:
+        self.env = env
+        self.cpu = cpu
+        self.command = list(command)
+        self.ranks: dict[int, subprocess.Popen[bytes]] = {}
+        self.codes: dict[int, int] = {}
+        self.first_failure: int | None = None
+        self.terminating = False
+
+    def start(self) -> None:
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        for local_rank in range(self.env.nproc_per_node):
+            proc = subprocess.Popen(
+                self.command,
+                env=rank_env(os.environ, self.env, local_rank, self.cpu),
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - the launcher is single-threaded
+            )
+            self.ranks[proc.pid] = proc
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._forward)
+
+    def _forward(self, signum: int, frame: FrameType | None) -> None:
+        self.terminating = True
+        for pid in self.ranks:
+            if pid not in self.codes:
+                _signal(pid, signal.SIGTERM)
+
+    def wait(self) -> int:
+        straggler_deadline: float | None = None
+        while len(self.codes) < len(self.ranks):
+            pid, status = self._reap(straggler_deadline)
+            if pid == 0:  # deadline passed: the rest are stuck
+                print(
+                    "megatron_trainer: ranks did not exit after SIGTERM; killing them",
+                    file=sys.stderr,
+                )
+                self._kill_all()
+                continue
+            if pid not in self.ranks:
+                continue  # an orphan we adopted as subreaper
+            code = exit_code(os.waitstatus_to_exitcode(status))
+            self.codes[pid] = code
+            local = list(self.ranks).index(pid)
+            if code not in (EXIT_OK, EXIT_SIGTERM) and self.first_failure is None:
+                self.first_failure = code
+                print(
+                    f"megatron_trainer: local rank {local} exited with {code}; stopping the others",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self._kill_all()
+            elif code == EXIT_SIGTERM and straggler_deadline is None:
+                straggler_deadline = time.monotonic() + STRAGGLER_SECONDS
+        self._kill_all()  # leftovers such as checkpoint writers of a killed rank
+        if self.first_failure is not None:
+            return self.first_failure
+        nonzero = [c for c in self.codes.values() if c != EXIT_OK]
+        return nonzero[0] if nonzero else EXIT_OK
+
+    def _reap(self, deadline: float | None) -> tuple[int, int]:
+        while True:
+            if deadline is None:
+                return os.waitpid(-1, 0)
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid:
+                return pid, status
+            if time.monotonic() > deadline:
+                return 0, 0
+            time.sleep(0.05)
+
+    def _kill_all(self) -> None:
+        """SIGKILL every live descendant: ranks, their helpers, and adopted orphans."""
+        for pid in _descendants(os.getpid()):
+            _signal(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _descendants(root: int) -> list[int]:
+    """All live descendants of `root`, from /proc (no psutil needed in the launcher)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # Field 4 (ppid) follows the parenthesised command name, which may contain spaces.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields and fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the container command. Returns the pod's exit code."""
+    try:
+        env = runtime_env(os.environ)
+        config = load_config(env.config_path)
+        validate(config, env)
+    except ConfigError as err:
+        print(f"megatron_trainer: {err}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    print(
+        f"megatron_trainer: job {config.job.name} node {env.node_rank}/{env.nnodes}: starting "
+        f"{env.nproc_per_node} rank(s) on {config.platform} (world size {env.world_size}, "
+        f"restart attempt {env.restart_attempt})",
+        file=sys.stderr,
+        flush=True,
+    )
+    supervisor = Supervisor(
+        env, config.platform == "cpu", [sys.executable, "-m", "megatron_trainer.worker"]
+    )
+    supervisor.start()
+    return supervisor.wait()

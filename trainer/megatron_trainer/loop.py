@@ -1,0 +1,367 @@
+"""The training loop of one rank: set up Megatron-Core, resume, train, checkpoint, report."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.distributed import finalize_model_grads
+from megatron.core.num_microbatches_calculator import (
+    destroy_num_microbatches_calculator,
+    init_num_microbatches_calculator,
+)
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from .checkpoint import Checkpointer
+from .config import EXIT_OK, EXIT_SIGTERM, RuntimeEnv, TrainerConfig
+from .data import MicroBatches, build_dataset
+from .flops import flops_per_step, tflops_per_gpu
+from .model import build_model, transformer_config
+from .platform import Platform, setup_platform
+from .progress import PodAnnotator, ProgressReporter, Report
+from .signals import StopFlag, inject_failures
+from .telemetry import ProfilerWindow, Scalars
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepResult:
+    loss: float | None  # global token-averaged loss (known on rank 0 after the reduction)
+    grad_norm: float | None
+    lr: float
+    seconds: float
+
+
+def _init_distributed(cfg: TrainerConfig, env: RuntimeEnv, rank: int, platform: Platform) -> None:
+    torch.distributed.init_process_group(
+        backend=platform.backend,
+        init_method=f"tcp://{_host(env.master_addr)}:{env.master_port}",
+        world_size=env.world_size,
+        rank=rank,
+        # Long enough for a big checkpoint save; a dead peer is normally detected much sooner
+        # (gloo sees the closed socket), and the operator's hang detection covers the rest.
+        timeout=timedelta(minutes=10),
+        device_id=platform.device if platform.is_cuda else None,
+    )
+    p = cfg.parallelism
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=p.tensor,
+        pipeline_model_parallel_size=p.pipeline,
+        virtual_pipeline_model_parallel_size=p.virtual_pipeline
+        if (p.virtual_pipeline or 1) > 1
+        else None,
+        context_parallel_size=p.context,
+        expert_model_parallel_size=p.expert,
+        expert_tensor_parallel_size=p.expert_tensor,
+        order="tp-cp-ep-dp-pp",
+    )
+
+
+def _host(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    # The model-parallel RNG tracker (dropout inside TP regions); on CPU it is the CPU RNG.
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def _loss_func(loss_mask: torch.Tensor, output: torch.Tensor) -> tuple[Any, Any, dict[str, Any]]:
+    """Sum of token losses and the token count; Megatron divides by the global token count."""
+    mask = loss_mask.view(-1).float()
+    loss_sum = torch.sum(output.float().view(-1) * mask)
+    tokens = mask.sum()
+    report = torch.stack([loss_sum.detach(), tokens.detach()])
+    return loss_sum, tokens.to(torch.int), {"lm loss": report}
+
+
+def _forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:
+    batch = next(data_iterator)
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return output, partial(_loss_func, batch["loss_mask"])
+
+
+class Trainer:
+    def __init__(
+        self, cfg: TrainerConfig, env: RuntimeEnv, local_rank: int, stop: StopFlag
+    ) -> None:
+        self.cfg, self.env, self.stop = cfg, env, stop
+        self.rank = env.global_rank(local_rank)
+        started = time.monotonic()
+        self.platform = setup_platform(cfg.platform, local_rank)
+        _init_distributed(cfg, env, self.rank, self.platform)
+        self._log_rank0("process groups ready (%.1fs)", time.monotonic() - started)
+        t = cfg.training
+        _seed_everything(t.seed)
+        init_num_microbatches_calculator(
+            self.rank, None, t.global_batch_size, t.micro_batch_size, cfg.parallelism.data
+        )
+        self.tconfig = transformer_config(cfg, self.platform)
+        self.model = build_model(cfg, self.platform, self.tconfig)
+        # Same seed on every rank after construction (construction consumed layout-dependent
+        # amounts of randomness); dropout and other runtime randomness start from here.
+        _seed_everything(t.seed)
+        self.optimizer = get_megatron_optimizer(self._optimizer_config(), self.model)
+        self._log_rank0("model and optimizer built (%.1fs)", time.monotonic() - started)
+        gbs = t.global_batch_size
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer,
+            init_lr=0.0,
+            max_lr=t.lr,
+            min_lr=t.min_lr,
+            lr_warmup_steps=t.warmup_iters * gbs,
+            lr_decay_steps=t.train_iters * gbs,
+            lr_decay_style=t.lr_decay_style,
+            start_wd=t.weight_decay,
+            end_wd=t.weight_decay,
+            wd_incr_steps=t.train_iters * gbs,
+            wd_incr_style="constant",
+        )
+        self.tconfig.grad_scale_func = self.optimizer.scale_loss
+        self.tconfig.finalize_model_grads_func = finalize_model_grads
+        no_sync = [m.no_sync for m in self.model]
+        self.tconfig.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+
+        self.checkpointer = Checkpointer(cfg, self.platform)
+        self.iteration = 0
+        consumed = 0
+        resume = self.checkpointer.find_resume_point()
+        if resume is None:
+            self._log_rank0(
+                "RESUME: no complete checkpoint in %s: starting from scratch", cfg.checkpoint.dir
+            )
+        else:
+            self._log_rank0(
+                "RESUME: loading checkpoint iteration %d from %s", resume, cfg.checkpoint.dir
+            )
+            resumed = self.checkpointer.load(resume, self.model, self.optimizer, self.scheduler)
+            self.iteration, consumed = resumed.iteration, resumed.consumed_samples
+            self._log_rank0(
+                "RESUME: continuing at iteration %d (consumed samples %d)",
+                self.iteration + 1,
+                consumed,
+            )
+        dataset = build_dataset(cfg, t.train_iters * gbs)
+        self.data = MicroBatches(
+            dataset, cfg, consumed, parallel_state.get_data_parallel_rank(), self.platform.device
+        )
+        self.consumed_samples = consumed
+        self.forward_backward = get_forward_backward_func()
+        self.flops = flops_per_step(cfg.model, gbs)
+        self.peak = self._peak_tflops()
+        is_rank0 = self.rank == 0
+        annotator = None
+        if is_rank0 and env.report_to_pod:
+            annotator = PodAnnotator.in_cluster(
+                env.pod_namespace, env.pod_name, cfg.progress.annotation
+            )
+        self.reporter = ProgressReporter(
+            is_rank0, env.progress_file, annotator, cfg.progress.min_interval_seconds
+        )
+        self.scalars = Scalars(
+            os.path.join(cfg.checkpoint.dir, "tensorboard") if is_rank0 else None
+        )
+        self.profiler = ProfilerWindow(
+            cfg.profiling,
+            self.rank,
+            os.path.join(cfg.checkpoint.dir, "profiles"),
+            self.platform.is_cuda,
+        )
+        self._log_rank0("start-up took %.1fs", time.monotonic() - started)
+
+    def _optimizer_config(self) -> OptimizerConfig:
+        t = self.cfg.training
+        return OptimizerConfig(
+            optimizer="adam",
+            lr=t.lr,
+            min_lr=t.min_lr,
+            weight_decay=t.weight_decay,
+            adam_beta1=t.adam_beta1,
+            adam_beta2=t.adam_beta2,
+            adam_eps=1e-8,
+            clip_grad=t.clip_grad,
+            bf16=self.tconfig.bf16,
+            fp16=self.tconfig.fp16,
+            params_dtype=self.tconfig.params_dtype,
+            use_distributed_optimizer=True,
+        )
+
+    def _log_rank0(self, msg: str, *args: Any) -> None:
+        if self.rank == 0:
+            log.info(msg, *args)
+
+    def _peak_tflops(self) -> float | None:
+        if not self.platform.is_cuda:
+            return None
+        from .platform.cuda import peak_tflops
+
+        return peak_tflops(self.cfg.training.precision)
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def train_step(self) -> StepResult:
+        cfg = self.cfg
+        started = time.monotonic()
+        for chunk in self.model:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        batches = self.data.next_step()
+        iterators = [iter(batches) for _ in self.model]
+        losses = self.forward_backward(
+            forward_step_func=_forward_step,
+            data_iterator=iterators if len(iterators) > 1 else iterators[0],
+            model=self.model,
+            num_microbatches=cfg.training.num_microbatches,
+            seq_length=cfg.model.seq_length,
+            micro_batch_size=cfg.training.micro_batch_size,
+            decoder_seq_length=cfg.model.seq_length,
+            forward_only=False,
+        )
+        updated, grad_norm, _ = self.optimizer.step()
+        if updated:
+            self.scheduler.step(increment=cfg.training.global_batch_size)
+        loss = self._global_loss(losses)
+        if self.platform.is_cuda:
+            torch.cuda.synchronize()
+        return StepResult(
+            loss=loss,
+            grad_norm=None if grad_norm is None else float(grad_norm),
+            lr=float(self.optimizer.param_groups[0]["lr"]),
+            seconds=time.monotonic() - started,
+        )
+
+    def _global_loss(self, losses: list[dict[str, torch.Tensor]]) -> float | None:
+        """Token-averaged over all micro-batches and DP ranks, delivered to pipeline stage 0."""
+        totals = torch.zeros(2, dtype=torch.float64, device=self.platform.device)
+        if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+            for item in losses:
+                totals += item["lm loss"].to(torch.float64)
+            torch.distributed.all_reduce(
+                totals, group=parallel_state.get_data_parallel_group(with_context_parallel=True)
+            )
+        if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+            torch.distributed.all_reduce(
+                totals, group=parallel_state.get_pipeline_model_parallel_group()
+            )
+        loss_sum, tokens = totals.tolist()
+        return loss_sum / tokens if tokens > 0 else None
+
+    def _agree_to_stop(self) -> bool:
+        """True on every rank if any rank received SIGTERM. One tiny all-reduce per step."""
+        flag = torch.tensor(
+            [1 if self.stop.requested else 0], dtype=torch.int32, device=self.platform.device
+        )
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        cfg, t = self.cfg, self.cfg.training
+        gbs, seq = t.global_batch_size, cfg.model.seq_length
+        last_ckpt_reported = self.checkpointer.newest
+        if self._agree_to_stop():
+            self._log_rank0("SIGTERM before the first step: exiting without a new checkpoint")
+            return self._finish(EXIT_SIGTERM)
+        while self.iteration < t.train_iters:
+            self.iteration += 1
+            self.profiler.before_step(self.iteration)
+            step = self.train_step()
+            self.consumed_samples += gbs
+            self.profiler.after_step(self.iteration)
+            tokens_per_s = gbs * seq / step.seconds
+            tflops = tflops_per_gpu(self.flops, step.seconds, self.env.world_size)
+            mfu = tflops / self.peak if self.peak else None
+            if self.iteration % t.log_interval == 0 or self.iteration == t.train_iters:
+                self._log_step(step, tokens_per_s, tflops, mfu)
+            inject_failures(self.env.inject_failures, self.iteration, self.rank, self.stop)
+            stopping = self._agree_to_stop()
+            at_interval = self.iteration % cfg.checkpoint.save_interval == 0
+            last = self.iteration == t.train_iters
+            if stopping or at_interval or last:
+                self.checkpointer.save(
+                    self.iteration,
+                    self.consumed_samples,
+                    self.model,
+                    self.optimizer,
+                    self.scheduler,
+                    blocking=stopping or last,
+                )
+            else:
+                self.checkpointer.finalize(blocking=False)
+            if self.checkpointer.newest != last_ckpt_reported:
+                last_ckpt_reported = self.checkpointer.newest
+                self.reporter.report(
+                    Report(self.iteration, step.loss, tokens_per_s, mfu, last_ckpt_reported),
+                    force=True,
+                )
+            if stopping:
+                self._log_rank0(
+                    "%s: saved iteration %d; exiting with %d", self.stop.signal_name or "SIGTERM",
+                    self.iteration, EXIT_SIGTERM,
+                )  # fmt: skip
+                return self._finish(EXIT_SIGTERM)
+        self._log_rank0("finished %d iterations", t.train_iters)
+        return self._finish(EXIT_OK)
+
+    def _log_step(
+        self, step: StepResult, tokens_per_s: float, tflops: float, mfu: float | None
+    ) -> None:
+        if self.rank != 0:
+            return
+        loss = step.loss
+        log.info(
+            "iteration %d/%d | loss %s | lr %.3e | grad norm %s | %.0f ms | %.0f tokens/s | "
+            "%.3f TFLOP/s/GPU%s",
+            self.iteration,
+            self.cfg.training.train_iters,
+            f"{loss:.6f}" if loss is not None else "n/a",
+            step.lr,
+            f"{step.grad_norm:.3f}" if step.grad_norm is not None else "n/a",
+            step.seconds * 1000,
+            tokens_per_s,
+            tflops,
+            f" | MFU {mfu:.1%}" if mfu is not None else "",
+        )
+        self.reporter.report(
+            Report(self.iteration, loss, tokens_per_s, mfu, self.checkpointer.newest)
+        )
+        self.scalars.add(
+            self.iteration,
+            {
+                "loss": loss,
+                "lr": step.lr,
+                "grad_norm": step.grad_norm,
+                "tokens_per_second": tokens_per_s,
+                "tflops_per_gpu": tflops,
+                "mfu": mfu,
+                "step_seconds": step.seconds,
+            },
+        )
+
+    def _finish(self, code: int) -> int:
+        self.checkpointer.finalize(blocking=True)
+        self.checkpointer.close()
+        self.profiler.stop(self.iteration)
+        self.scalars.close()
+        self.reporter.close()
+        destroy_num_microbatches_calculator()
+        torch.distributed.barrier()
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+        return code

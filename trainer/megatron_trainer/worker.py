@@ -1,0 +1,52 @@
+"""One rank: `python -m megatron_trainer.worker`, started by the launcher with LOCAL_RANK set.
+
+Top-level imports are stdlib only on purpose. Megatron-Core's checkpoint writer starts a
+spawn-context multiprocessing Manager, which re-imports this module as `__mp_main__`; heavy
+imports here would cost that helper process seconds of start-up (and without the __main__
+guard it would start training again).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+from .config import EXIT_CONFIG, ConfigError, load_config, runtime_env
+from .signals import StopFlag
+
+
+def _configure_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    # Megatron-Core logs its whole config at INFO; keep its warnings and errors.
+    logging.getLogger("megatron").setLevel(logging.WARNING)
+    # Expected on the CPU platform and without TE; not actionable, so not shown.
+    warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+    warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
+
+
+def main() -> int:
+    stop = StopFlag()
+    stop.install()  # before the slow imports: a SIGTERM during start-up must not be lost
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    try:
+        env = runtime_env(os.environ)
+        rank = env.global_rank(local_rank)
+        _configure_logging(rank)
+        config = load_config(env.config_path)
+        from .loop import Trainer  # torch and Megatron-Core: seconds; only in ranks
+
+        return Trainer(config, env, local_rank, stop).run()
+    except ConfigError as err:
+        print(f"megatron_trainer: {err}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())
