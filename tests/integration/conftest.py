@@ -213,7 +213,9 @@ class Cluster:
         """A kubernetes.client.ApiClient for this cluster (the `kubernetes` package)."""
         from kubernetes import config
 
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        return config.new_client_from_config(  # type: ignore[no-untyped-call,unused-ignore]
+            config_file=str(self.kubeconfig)
+        )
 
     # -- faults -------------------------------------------------------------------------------
     def fail_pod(

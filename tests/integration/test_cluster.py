@@ -953,14 +953,19 @@ def listening_addresses(pids: Iterator[int] | list[int]) -> list[tuple[int, str]
 
 
 def ready(obj: dict[str, Any]) -> str:
-    return {c["type"]: c["status"] for c in obj["status"]["conditions"]}["Ready"]
+    return str({c["type"]: c["status"] for c in obj["status"]["conditions"]}["Ready"])
 
 
 def test_second_cluster_node_faults_and_clean_teardown(
     cluster_factory: Callable[..., Cluster],
 ) -> None:
     started = time.monotonic()
-    c = cluster_factory(nodes=2, nodes_per_rack=2, kueue=False, extra_args=["--pvs", "0"])
+    c = cluster_factory(
+        nodes=2,
+        nodes_per_rack=2,
+        kueue=False,
+        extra_args=["--pvs", "0", "--not-ready-toleration-seconds", "5"],
+    )
     up_seconds = time.monotonic() - started
     state = c.state_dir
     pids = {p.stem: int(p.read_text().split()[0]) for p in (state / "pids").glob("*.pid")}
@@ -991,7 +996,8 @@ def test_second_cluster_node_faults_and_clean_teardown(
         time.sleep(3)  # kwok's node-initialize stage must not undo the failure
         assert ready(c.kubectl_json("get", "node", node)) == "False"
         # The node-lifecycle controller taints the node; after the default not-ready toleration
-        # (30 s here) the taint-eviction controller evicts the pod with a DisruptionTarget.
+        # (5 s in this cluster) the taint-eviction controller evicts the pod with a
+        # DisruptionTarget condition.
         c.wait(
             lambda: any(
                 t["key"] == "node.kubernetes.io/not-ready" and t["effect"] == "NoExecute"
