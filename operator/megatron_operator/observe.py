@@ -114,6 +114,7 @@ class PodView:
     status_reason: str | None  # pod.status.reason, e.g. Evicted
     disruption: str | None  # reason of a True DisruptionTarget condition
     progress: Progress | None
+    unschedulable: str | None = None  # the scheduler's message while it cannot place the pod
 
     @property
     def active(self) -> bool:
@@ -132,6 +133,18 @@ def _trainer_state(status: dict[str, Any]) -> tuple[int | None, str | None]:
         if isinstance(last, dict):
             return _int(last.get("exitCode")), last.get("reason")
     return None, None
+
+
+def _unschedulable(status: dict[str, Any]) -> str | None:
+    for cond in status.get("conditions") or []:
+        if (
+            isinstance(cond, dict)
+            and cond.get("type") == "PodScheduled"
+            and cond.get("status") == "False"
+            and cond.get("reason") == "Unschedulable"
+        ):
+            return str(cond.get("message") or "unschedulable")
+    return None
 
 
 def _disruption(status: dict[str, Any]) -> str | None:
@@ -165,6 +178,7 @@ def pod_view(raw: dict[str, Any]) -> PodView:
         status_reason=status.get("reason"),
         disruption=_disruption(status),
         progress=parse_progress(annotations.get(ANNOTATION_PROGRESS)),
+        unschedulable=_unschedulable(status),
     )
 
 

@@ -45,6 +45,9 @@ def cmd_operator(args: argparse.Namespace) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        # kopf logs every handler call at INFO: one line per pod event is noise at 1,000 pods.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.metrics_port < 0 or args.workers < 1:
         from .cli import CliError
 

@@ -37,12 +37,13 @@ from .observe import PodView, Progress, format_time, parse_progress, parse_time
 from .policy import Failure, backoff_seconds, decide, first_failure
 
 # Types of the conditions the operator maintains.
-RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED = (
+RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED, SCHEDULED = (
     "Running",
     "Restarting",
     "Suspended",
     "Succeeded",
     "Failed",
+    "PodsScheduled",
 )
 
 
@@ -428,7 +429,19 @@ class _Machine:
         self.event("Warning", "Restarting", decision.message)
         self.delete(current)  # step 1: every pod of the attempt, with its grace period
 
+    def scheduling(self, current: list[PodView]) -> None:
+        """Say why pods wait: the scheduler's own message, on a PodsScheduled condition."""
+        stuck = [x for x in current if x.unschedulable and x.phase == "Pending"]
+        if stuck:
+            msg = (
+                f"{len(stuck)} pod(s) unschedulable, e.g. {stuck[0].name}: {stuck[0].unschedulable}"
+            )
+            self.cond(SCHEDULED, False, "Unschedulable", msg[:1000])
+        elif current and all(x.node for x in current):
+            self.cond(SCHEDULED, True, "AllPodsScheduled", f"{len(current)} pods placed")
+
     def advance(self, p: Plan, n: int, current: list[PodView]) -> None:
+        self.scheduling(current)
         launched = self.st.get("launchedAttempt") == n and len(current) == p.nodes
         if launched and all(x.phase == "Succeeded" for x in current):
             self.finish(SUCCEEDED, "Completed", f"all {p.nodes} pods exited 0")

@@ -82,15 +82,13 @@ DP = f"({WORLD} / {MP})"
 GPU = f"({R}.accelerator != 'none')"
 
 
-def _s(expr: str) -> str:
-    return f"string({expr})"
-
-
 def rule(
     rule: str, message: str, field: str = "", reason: str = "FieldValueInvalid"
 ) -> dict[str, str]:
-    """One x-kubernetes-validations entry; `message` is a CEL string expression."""
-    out = {"rule": rule, "messageExpression": message, "reason": reason}
+    """One x-kubernetes-validations entry. Messages are static: the apiserver's cost estimator
+    prices `string(int)` in a messageExpression as an unbounded string and rejects the CRD. The
+    planner (`mjob validate`) reports the same problems with the values and a suggested fix."""
+    out = {"rule": rule, "message": message, "reason": reason}
     if field:
         out["fieldPath"] = field
     return out
@@ -101,7 +99,7 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
     *[
         rule(
             present(f),
-            f"'model.{f} is required when model.recipe is not set: set it or choose a recipe'",
+            f"model.{f} is required when model.recipe is not set: set it or choose a recipe",
             f".model.{f}",
             "FieldValueRequired",
         )
@@ -110,215 +108,204 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
     # --- world, TP-in-node, data
     rule(
         f"{R}.procsPerNode % {TP} == 0",
-        f"'tensor (' + {_s(TP)} + ') must divide resources.procsPerNode (' + "
-        f"{_s(R + '.procsPerNode')} + ') so each tensor-parallel group stays inside one node'",
+        "parallelism.tensor must divide resources.procsPerNode, so that each tensor-parallel "
+        "group stays inside one node",
         ".parallelism.tensor",
     ),
     rule(
         MP_OK,
-        f"'tensor × pipeline × context (' + {_s(MP)} + ') must divide resources.nodes × "
-        f"resources.procsPerNode (' + {_s(WORLD)} + ')'",
+        "tensor × pipeline × context must divide resources.nodes × resources.procsPerNode",
         ".parallelism",
     ),
     rule(
         f"!(type({P}.data) == int) || {P}.data * {MP} == {WORLD}",
-        f"'data × tensor × pipeline × context must equal resources.nodes × "
-        f"resources.procsPerNode (' + {_s(WORLD)} + '): set data to auto'",
+        "data × tensor × pipeline × context must equal resources.nodes × "
+        "resources.procsPerNode: set data to auto",
         ".parallelism.data",
     ),
     # --- tensor parallelism
     rule(
         f"!{present('numAttentionHeads')} || {HEADS} % {TP} == 0",
-        f"'numAttentionHeads (' + {_s(HEADS)} + ') is not divisible by parallelism.tensor (' + "
-        f"{_s(TP)} + ')'",
+        "model.numAttentionHeads (or the recipe's) is not divisible by parallelism.tensor",
         ".parallelism.tensor",
     ),
     rule(
         f"!{present('numAttentionHeads')} || {HEADS} % {GROUPS} == 0",
-        f"'numAttentionHeads (' + {_s(HEADS)} + ') must be a multiple of numQueryGroups (' + "
-        f"{_s(GROUPS)} + ')'",
+        "model.numAttentionHeads must be a multiple of model.numQueryGroups",
         ".model.numQueryGroups",
     ),
     rule(
         f"!{present('numAttentionHeads')} || {HEADS} % {GROUPS} != 0 || "
         f"{GROUPS} % {TP} == 0 || {TP} % {GROUPS} == 0",
-        f"'numQueryGroups (' + {_s(GROUPS)} + ') and parallelism.tensor (' + {_s(TP)} + ') "
-        f"must divide one another'",
+        "model.numQueryGroups and parallelism.tensor must divide one another",
         ".parallelism.tensor",
     ),
     rule(
         f"!{present('hiddenSize')} || {FFN} % {TP} == 0",
-        f"'ffnHiddenSize (' + {_s(FFN)} + ') is not divisible by parallelism.tensor (' + "
-        f"{_s(TP)} + ')'",
+        "model.ffnHiddenSize (or the recipe's) is not divisible by parallelism.tensor",
         ".parallelism.tensor",
     ),
     rule(
         f"!{P}.sequenceParallel || {TP} > 1",
-        "'sequenceParallel needs parallelism.tensor > 1'",
+        "sequenceParallel needs parallelism.tensor > 1",
         ".parallelism.sequenceParallel",
     ),
     rule(
         f"!{IS_MOE} || {TP} == 1 || {P}.sequenceParallel",
-        "'MoE models with tensor parallelism need sequenceParallel: true'",
+        "MoE models with tensor parallelism need sequenceParallel: true",
         ".parallelism.sequenceParallel",
     ),
     # --- pipeline
     rule(
         f"!{present('numLayers')} || {LAYERS} % {PP} == 0",
-        f"'numLayers (' + {_s(LAYERS)} + ') is not divisible by parallelism.pipeline (' + "
-        f"{_s(PP)} + ')'",
+        "model.numLayers (or the recipe's) is not divisible by parallelism.pipeline",
         ".parallelism.pipeline",
     ),
     rule(
         f"!has({P}.virtualPipeline) || {PP} > 1",
-        "'virtualPipeline needs parallelism.pipeline > 1'",
+        "virtualPipeline needs parallelism.pipeline > 1",
         ".parallelism.virtualPipeline",
     ),
     rule(
         f"!has({P}.virtualPipeline) || {PP} == 1 || !{present('numLayers')} || "
         f"{LAYERS} % {PP} != 0 || {LAYERS} % ({PP} * {P}.virtualPipeline) == 0",
-        f"'numLayers (' + {_s(LAYERS)} + ') must split into pipeline × virtualPipeline equal "
-        f"stages'",
+        "model.numLayers must split into pipeline × virtualPipeline equal stages",
         ".parallelism.virtualPipeline",
     ),
     # --- experts
     rule(
         f"{EP} == 1 || {IS_MOE}",
-        "'parallelism.expert > 1 needs an MoE model (model.moe)'",
+        "parallelism.expert > 1 needs an MoE model (model.moe)",
         ".parallelism.expert",
     ),
     rule(
         f"!{IS_MOE} || {EXPERTS} == 0 || {EXPERTS} % {EP} == 0",
-        f"'model.moe.numExperts (' + {_s(EXPERTS)} + ') is not divisible by parallelism.expert "
-        f"(' + {_s(EP)} + ')'",
+        "model.moe.numExperts (or the recipe's) is not divisible by parallelism.expert",
         ".parallelism.expert",
     ),
     rule(
         f"!{IS_MOE} || {TOPK} <= {EXPERTS}",
-        "'model.moe.routerTopK exceeds model.moe.numExperts'",
+        "model.moe.routerTopK exceeds model.moe.numExperts",
         ".model.moe.routerTopK",
     ),
     rule(
         f"!{IS_MOE} || !{present('hiddenSize')} || {MOE_FFN} % {ETP} == 0",
-        "'model.moe.ffnHiddenSize is not divisible by parallelism.expertTensor'",
+        "model.moe.ffnHiddenSize is not divisible by parallelism.expertTensor",
         ".parallelism.expertTensor",
     ),
     rule(
         f"!{IS_MOE} || !{present('numLayers')} || {FIRST_DENSE} <= {LAYERS}",
-        "'model.moe.firstKDenseLayers exceeds numLayers'",
+        "model.moe.firstKDenseLayers exceeds numLayers",
         ".model.moe.firstKDenseLayers",
     ),
     rule(
         f"!{IS_MOE} || {WORLD} % ({ETP} * {EP} * {PP}) == 0",
-        f"'expertTensor × expert × pipeline must divide the world size (' + {_s(WORLD)} + ')'",
+        "expertTensor × expert × pipeline must divide the world size (nodes × procsPerNode)",
         ".parallelism.expert",
     ),
     # --- sequence
     rule(
         f"{CP} == 1 || !{present('seqLength')} || {SEQ} % (2 * {CP}) == 0",
-        f"'model.seqLength (' + {_s(SEQ)} + ') must be divisible by 2 × context'",
+        "model.seqLength must be divisible by 2 × parallelism.context",
         ".parallelism.context",
     ),
     rule(
         f"!{present('hiddenSize')} || !{present('numAttentionHeads')} || {KV_EXPLICIT} || "
         f"{HIDDEN} % {HEADS} == 0",
-        f"'hiddenSize (' + {_s(HIDDEN)} + ') is not divisible by numAttentionHeads (' + "
-        f"{_s(HEADS)} + '): set model.kvChannels'",
+        "model.hiddenSize is not divisible by model.numAttentionHeads: set model.kvChannels",
         ".model.hiddenSize",
     ),
     rule(
         f"!{present('seqLength')} || {MAXPOS} >= {SEQ}",
-        f"'maxPositionEmbeddings (' + {_s(MAXPOS)} + ') is below seqLength (' + {_s(SEQ)} + ')'",
+        "model.maxPositionEmbeddings is below model.seqLength",
         ".model.maxPositionEmbeddings",
     ),
     # --- platform
     rule(
         f"{GPU} || {CP} == 1",
-        "'context parallelism is CUDA-only: set context: 1 or resources.accelerator: "
-        "nvidia.com/gpu'",
+        "context parallelism is CUDA-only: set context: 1 or resources.accelerator: nvidia.com/gpu",
         ".parallelism.context",
     ),
     rule(
         f"{GPU} || {EP} == 1",
-        "'expert parallelism is CUDA-only: set expert: 1 or resources.accelerator: nvidia.com/gpu'",
+        "expert parallelism is CUDA-only: set expert: 1 or resources.accelerator: nvidia.com/gpu",
         ".parallelism.expert",
     ),
     rule(
         f"{GPU} || !has({T}.precision) || {T}.precision == 'fp32'",
-        "'with resources.accelerator: none use training.precision: fp32'",
+        "with resources.accelerator: none use training.precision: fp32",
         ".training.precision",
     ),
     # --- batch and schedule
     rule(
         f"!{MP_OK} || {T}.globalBatchSize % ({T}.microBatchSize * {DP}) == 0",
-        f"'globalBatchSize (' + {_s(T + '.globalBatchSize')} + ') must be a multiple of "
-        f"microBatchSize × data (' + {_s(f'{T}.microBatchSize * {DP}')} + ')'",
+        "training.globalBatchSize must be a multiple of microBatchSize × data",
         ".training.globalBatchSize",
     ),
     rule(
         f"!has({P}.virtualPipeline) || {PP} == 1 || !{MP_OK} || "
         f"{T}.globalBatchSize % ({T}.microBatchSize * {DP}) != 0 || "
         f"({T}.globalBatchSize / ({T}.microBatchSize * {DP})) % {PP} == 0",
-        "'the interleaved schedule needs the number of microbatches to be a multiple of pipeline'",
+        "the interleaved schedule needs the number of microbatches to be a multiple of pipeline",
         ".training.globalBatchSize",
     ),
-    rule(f"{T}.minLr <= {T}.lr", "'minLr exceeds lr'", ".training.minLr"),
+    rule(f"{T}.minLr <= {T}.lr", "minLr exceeds lr", ".training.minLr"),
     rule(
         f"{T}.warmupIters <= {T}.trainIters",
-        "'warmupIters exceeds trainIters'",
+        "warmupIters exceeds trainIters",
         ".training.warmupIters",
     ),
     rule(
         f"!has({S}.profiling) || {S}.profiling.startStep <= {S}.profiling.endStep",
-        "'endStep must not be before startStep'",
+        "endStep must not be before startStep",
         ".profiling.endStep",
     ),
     rule(
         f"!has({S}.profiling) || !has({S}.profiling.ranks) || "
         f"{S}.profiling.ranks.all(r, r < {WORLD})",
-        "'profiling.ranks must be below the world size'",
+        "profiling.ranks must be below the world size",
         ".profiling.ranks",
     ),
     # --- objects
     rule(
         f"(has({S}.data.mock) && {S}.data.mock) != has({S}.data.blend)",
-        "'set exactly one of data.mock: true or data.blend'",
+        "set exactly one of data.mock: true or data.blend",
         ".data",
     ),
     rule(
         f"!has({S}.data.blend) || has({S}.data.tokenizer)",
-        "'data.blend needs data.tokenizer.path'",
+        "data.blend needs data.tokenizer.path",
         ".data.tokenizer",
     ),
     rule(
         f"{S}.topology.mode == 'none' || has({S}.topology.key)",
-        "'topology.mode required or preferred needs topology.key'",
+        "topology.mode required or preferred needs topology.key",
         ".topology.key",
     ),
     rule(
         f"has({S}.checkpoint.volume.claimName) != has({S}.checkpoint.volume.create)",
-        "'set exactly one of volume.claimName or volume.create'",
+        "set exactly one of volume.claimName or volume.create",
         ".checkpoint.volume",
     ),
     rule(
         f"!has({S}.checkpoint.volume.create) || {R}.nodes == 1 || "
         f"'ReadWriteMany' in {S}.checkpoint.volume.create.accessModes",
-        "'several nodes write checkpoints to one volume: include ReadWriteMany'",
+        "several nodes write checkpoints to one volume: include ReadWriteMany",
         ".checkpoint.volume.create.accessModes",
     ),
     rule(
         f"{S}.restartPolicy.maxBackoffSeconds >= {S}.restartPolicy.backoffSeconds",
-        "'maxBackoffSeconds is below backoffSeconds'",
+        "maxBackoffSeconds is below backoffSeconds",
         ".restartPolicy.maxBackoffSeconds",
     ),
     rule(
         f"!{GPU} || !has({R}.requests) || !({R}.accelerator in {R}.requests)",
-        "'the GPU request is set from procsPerNode: remove it from resources.requests'",
+        "the GPU request is set from procsPerNode: remove it from resources.requests",
         ".resources.requests",
     ),
     rule(
         f"!{GPU} || !has({R}.limits) || !({R}.accelerator in {R}.limits)",
-        "'the GPU limit is set from procsPerNode: remove it from resources.limits'",
+        "the GPU limit is set from procsPerNode: remove it from resources.limits",
         ".resources.limits",
     ),
 ]
@@ -328,20 +315,20 @@ NODE_RULES: Final[dict[str, list[dict[str, str]]]] = {
     "spec.restartPolicy.rules[]": [
         rule(
             "has(self.exitCodes) || has(self.reasons)",
-            "'a rule needs exitCodes, reasons or both'",
+            "a rule needs exitCodes, reasons or both",
             reason="FieldValueRequired",
         )
     ],
     "spec.parallelism.data": [
         rule(
             "type(self) == int ? self >= 1 : self == 'auto'",
-            "'data must be auto or a positive integer'",
+            "data must be auto or a positive integer",
         )
     ],
     "spec.env[]": [
         rule(
             "!(self.name in [" + ", ".join(_lit(n) for n in sorted(RESERVED_ENV)) + "])",
-            "self.name + ' is set by the operator; remove it from spec.env'",
+            "this name is set by the operator (MASTER_ADDR, WORLD_SIZE, …): remove it from spec.env",
         )
     ],
 }
@@ -365,12 +352,12 @@ _WHILE_SUSPENDED = " && ".join(_same(p) for p in WHILE_SUSPENDED)
 TRANSITION_RULES: Final[list[dict[str, str]]] = [
     rule(
         " && ".join(_same(p) for p in NEVER),
-        "'spec.model, training.globalBatchSize, checkpoint.volume and checkpoint.path are "
-        "immutable: checkpoints and the data order depend on them'",
+        "spec.model, training.globalBatchSize, checkpoint.volume and checkpoint.path are "
+        "immutable: checkpoints and the data order depend on them",
     ),
     rule(
         f"(oldSelf.suspend && self.suspend) || ({_WHILE_SUSPENDED})",
-        "'the layout, resources, placement, data, image and training settings (except "
-        "trainIters) change only while the job is suspended: set spec.suspend: true first'",
+        "the layout, resources, placement, data, image and training settings (except "
+        "trainIters) change only while the job is suspended: set spec.suspend: true first",
     ),
 ]

@@ -68,7 +68,18 @@ def _openapi(node: dict[str, Any]) -> dict[str, Any]:
     kind = node.get("type")
     if kind is not None:
         out["type"] = kind
-    for key in ("enum", "minimum", "maximum", "minLength", "maxLength", "pattern", "minItems"):
+    for key in (
+        "enum",
+        "minimum",
+        "maximum",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "minItems",
+        "maxItems",
+        "minProperties",
+        "maxProperties",
+    ):
         if key in node:
             out[key] = node[key]
     for key, base in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):

@@ -207,13 +207,17 @@ class BlendItem(ApiModel):
     """One indexed dataset (.bin/.idx, as written by `mjob preprocess`) in a weighted blend."""
 
     weight: float = Field(gt=0, description="Relative sampling weight.")
-    prefix: str = Field(min_length=1, description="Path prefix of the .bin/.idx pair in the pod.")
+    prefix: str = Field(
+        min_length=1, max_length=4096, description="Path prefix of the .bin/.idx pair in the pod."
+    )
 
 
 class TokenizerSpec(ApiModel):
     """A Hugging Face tokenizer read from a local directory (no hub access)."""
 
-    path: str = Field(min_length=1, description="Directory holding tokenizer.json, in the pod.")
+    path: str = Field(
+        min_length=1, max_length=4096, description="Directory holding tokenizer.json, in the pod."
+    )
 
 
 class DataSpec(ApiModel):
@@ -221,20 +225,25 @@ class DataSpec(ApiModel):
 
     mock: bool = Field(False, description="Synthetic token data, for smoke tests and benchmarks.")
     blend: list[BlendItem] | None = Field(
-        None, min_length=1, description="Weighted datasets; exclusive with mock."
+        None, min_length=1, max_length=256, description="Weighted datasets; exclusive with mock."
     )
     tokenizer: TokenizerSpec | None = Field(None, description="Tokenizer; required with blend.")
     split: str = Field(
-        "100,0,0", pattern=r"^\d+,\d+,\d+$", description="Train,valid,test split weights."
+        "100,0,0",
+        pattern=r"^\d+,\d+,\d+$",
+        max_length=64,
+        description="Train,valid,test split weights.",
     )
 
 
 class Toleration(ApiModel):
     """A Kubernetes toleration, copied to every pod."""
 
-    key: str | None = Field(None, description="Taint key; empty matches all keys with Exists.")
+    key: str | None = Field(
+        None, max_length=316, description="Taint key; empty matches all keys with Exists."
+    )
     operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal.")
-    value: str | None = Field(None, description="Taint value for Equal.")
+    value: str | None = Field(None, max_length=32768, description="Taint value for Equal.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         None, description="Taint effect to match; empty matches all."
     )
@@ -258,24 +267,29 @@ class ResourcesSpec(ApiModel):
     )
     requests: dict[str, Quantity] = Field(
         default_factory=dict,
+        max_length=64,
         description="Extra per-pod requests (cpu, memory, rdma/...). The GPU request is set for you.",
     )
     limits: dict[str, Quantity] = Field(
-        default_factory=dict, description="Per-pod limits. A resource named rdma/* adds IPC_LOCK."
+        default_factory=dict,
+        max_length=64,
+        description="Per-pod limits. A resource named rdma/* adds IPC_LOCK.",
     )
     shm_size: Quantity = Field("16Gi", description="Size of the memory-backed /dev/shm.")
     node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Node labels every pod must match."
+        default_factory=dict, max_length=64, description="Node labels every pod must match."
     )
     tolerations: list[Toleration] = Field(
-        default_factory=list, description="Tolerations added to every pod."
+        default_factory=list, max_length=64, description="Tolerations added to every pod."
     )
 
 
 class TopologySpec(ApiModel):
     """Packing of the job's pods into one topology domain (a rack, an NVLink domain)."""
 
-    key: str | None = Field(None, description="Node label key of the domain, e.g. a rack label.")
+    key: str | None = Field(
+        None, max_length=316, description="Node label key of the domain, e.g. a rack label."
+    )
     mode: Literal["required", "preferred", "none"] = Field(
         "none", description="required: all pods in one domain; preferred: best effort; none: off."
     )
@@ -287,11 +301,14 @@ AccessMode = Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"]
 class PvcCreate(ApiModel):
     """A PersistentVolumeClaim the operator creates (and deletes with the job)."""
 
-    storage_class_name: str | None = Field(None, description="StorageClass; unset: the default.")
+    storage_class_name: str | None = Field(
+        None, max_length=253, description="StorageClass; unset: the default."
+    )
     size: Quantity = Field(description="Requested capacity, e.g. 500Gi.")
     access_modes: list[AccessMode] = Field(
         default=["ReadWriteMany"],
         min_length=1,
+        max_length=3,
         description="Access modes; multi-node jobs need ReadWriteMany.",
     )
 
@@ -299,7 +316,9 @@ class PvcCreate(ApiModel):
 class VolumeSpec(ApiModel):
     """Where checkpoints live: an existing claim, or one the operator creates."""
 
-    claim_name: str | None = Field(None, description="An existing PersistentVolumeClaim.")
+    claim_name: str | None = Field(
+        None, max_length=253, description="An existing PersistentVolumeClaim."
+    )
     create: PvcCreate | None = Field(None, description="Create a claim named <job>-checkpoints.")
 
 
@@ -310,6 +329,7 @@ class CheckpointSpec(ApiModel):
     path: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$",
+        max_length=4096,
         description="Directory inside the volume (default: the job name).",
     )
     save_interval: PositiveInt = Field(1000, description="Steps between checkpoints.")
@@ -334,10 +354,16 @@ class FailureRule(ApiModel):
         description="Restart (counts toward maxRestarts), RestartNotCounted, or Fail."
     )
     exit_codes: list[int] | None = Field(
-        None, min_length=1, description="Matches when the trainer's exit code is one of these."
+        None,
+        min_length=1,
+        max_length=64,
+        description="Matches when the trainer's exit code is one of these.",
     )
     reasons: list[FailureReason] | None = Field(
-        None, min_length=1, description="Matches when the failure reason is one of these."
+        None,
+        min_length=1,
+        max_length=16,
+        description="Matches when the failure reason is one of these.",
     )
 
 
@@ -355,6 +381,7 @@ class RestartPolicySpec(ApiModel):
     )
     rules: list[FailureRule] = Field(
         default_factory=list,
+        max_length=32,
         description="Ordered rules, tried before the built-in defaults (see docs/api.md).",
     )
 
@@ -362,8 +389,8 @@ class RestartPolicySpec(ApiModel):
 class EnvVar(ApiModel):
     """An extra environment variable for the trainer container."""
 
-    name: str = Field(min_length=1, description="Variable name.")
-    value: str = Field("", description="Value.")
+    name: str = Field(min_length=1, max_length=256, description="Variable name.")
+    value: str = Field("", max_length=32768, description="Value.")
 
 
 class ProfilingSpec(ApiModel):
@@ -371,13 +398,13 @@ class ProfilingSpec(ApiModel):
 
     start_step: PositiveInt = Field(description="First profiled step.")
     end_step: PositiveInt = Field(description="Last profiled step.")
-    ranks: list[NonNegativeInt] = Field(default=[0], description="Ranks to profile.")
+    ranks: list[NonNegativeInt] = Field(default=[0], max_length=64, description="Ranks to profile.")
 
 
 class MegatronJobSpec(ApiModel):
     """Desired state of a MegatronJob."""
 
-    image: str = Field(min_length=1, description="Trainer container image.")
+    image: str = Field(min_length=1, max_length=1024, description="Trainer container image.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="Image pull policy of the trainer container."
     )
@@ -393,9 +420,13 @@ class MegatronJobSpec(ApiModel):
     restart_policy: RestartPolicySpec = Field(
         default_factory=RestartPolicySpec, description="Gang-restart and failure rules."
     )
-    env: list[EnvVar] = Field(default_factory=list, description="Extra trainer environment.")
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=128, description="Extra trainer environment."
+    )
     profiling: ProfilingSpec | None = Field(None, description="Optional profiler window.")
-    priority_class_name: str | None = Field(None, description="PriorityClass of the pods.")
+    priority_class_name: str | None = Field(
+        None, max_length=253, description="PriorityClass of the pods."
+    )
     suspend: bool = Field(False, description="true deletes the pods (they checkpoint first).")
     ttl_seconds_after_finished: NonNegativeInt | None = Field(
         None, description="Delete the job this long after it Succeeded or Failed."
