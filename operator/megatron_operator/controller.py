@@ -6,10 +6,13 @@ that makes a crash at any point safe (see reconcile.py): status, events, deletes
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+
+from kubernetes.client.exceptions import ApiException
 
 from .kube import Conflict, Kube
 from .metrics import Metrics
@@ -21,6 +24,16 @@ log = logging.getLogger(__name__)
 
 # Node name → when it became NotReady (None while Ready); absent: no such node.
 NodeLookup = Callable[[str], "tuple[bool, datetime | None]"]
+
+
+API_RETRY_SECONDS = 5.0
+
+
+def _api_message(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body).get("message", ""))[:300]
+    except (TypeError, ValueError, AttributeError):
+        return str(exc.body or "")[:300]
 
 
 def _now() -> datetime:
@@ -41,6 +54,19 @@ class Controller:
         except Conflict as exc:
             log.info("conflict, observing again: %s", exc)
             return 0.2
+        except ApiException as exc:
+            # The API said no (a terminating namespace, a quota, a webhook): not a bug of ours,
+            # so a one-line warning, and the next reconcile tries again.
+            log.warning(
+                "%s/%s: the API refused a call (%s %s): %s; retrying in %gs",
+                namespace,
+                name,
+                exc.status,
+                exc.reason,
+                _api_message(exc),
+                API_RETRY_SECONDS,
+            )
+            return API_RETRY_SECONDS
         finally:
             self.metrics.reconcile.observe(time.perf_counter() - started)
 

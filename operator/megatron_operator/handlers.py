@@ -92,6 +92,22 @@ def _node_lookup(index: kopf.Index[str, str | None]) -> Any:
     return lookup
 
 
+async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> bool:
+    """Sleep until woken (True), stopped or timed out (False)."""
+
+    async def until_stopped() -> None:
+        await stopped.wait()
+
+    woken = asyncio.ensure_future(wake.wait())
+    stopping = asyncio.ensure_future(until_stopped())
+    done, pending = await asyncio.wait(
+        {woken, stopping}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
+    )
+    for task in pending:
+        task.cancel()
+    return woken in done
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def run_job(
     namespace: str | None,
@@ -117,11 +133,8 @@ async def run_job(
             except Exception:  # never let one bad reconcile kill the loop; retry soon
                 log.exception("reconcile of %s/%s failed; retrying", namespace, name)
                 delay = 5.0
-            try:
-                await asyncio.wait_for(wake.wait(), timeout=max(delay, 0.05))
+            if await _sleep(wake, stopped, max(delay, 0.05)):
                 await asyncio.sleep(DEBOUNCE_SECONDS)
-            except TimeoutError:
-                pass
     finally:
         if _wakeups.get(key) is wake:
             del _wakeups[key]

@@ -1,0 +1,359 @@
+"""The operator against a real apiserver, scheduler and kwok nodes (issue 6 acceptance 1–7, 10).
+
+The operator runs as a process (`mjob operator`); kwok plays kubelet; faults come from the
+cluster driver (kwok chaos stages, the Eviction API).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from .conftest import Cluster
+from .operator_support import (
+    Op,
+    condition,
+    events,
+    example,
+    job,
+    operator,  # noqa: F401 - fixture
+    pods,
+    status,
+    tiny_gpu_job,
+    wait_phase,
+    wait_pods,
+)
+
+
+def _nodes_of(items: list[dict[str, Any]]) -> list[str]:
+    return [p["spec"]["nodeName"] for p in items]
+
+
+def test_cpu_and_llama70b_examples_run(cluster: Cluster, namespace: str, operator: Op) -> None:
+    ns = namespace
+    cpu = example("cpu-tiny")
+    big = example("llama3-70b")
+    spec = big["spec"]
+    spec["resources"]["nodes"] = 4  # a rack holds 4 kwok nodes
+    spec["resources"]["gpuMemoryGiB"] = 141  # DP4 shards the optimizer less: H200s
+    spec["resources"]["requests"] = {"cpu": "8", "memory": "64Gi"}  # kwok nodes have no rdma/ib
+    spec["resources"]["limits"] = {}
+    spec["topology"]["key"] = cluster.rack_key
+    spec["checkpoint"]["volume"]["create"]["storageClassName"] = cluster.default_storage_class
+    spec["checkpoint"]["volume"]["create"]["size"] = "1Gi"
+    cluster.apply(cpu, ns)
+    cluster.apply(big, ns)
+
+    tiny_pods = wait_pods(cluster, ns, "cpu-tiny", 1, phase="Running")
+    assert "nvidia.com/gpu" not in tiny_pods[0]["spec"]["containers"][0]["resources"].get(
+        "limits", {}
+    )
+    big_pods = wait_pods(cluster, ns, "llama3-70b", 4, phase="Running", timeout=90)
+    nodes = _nodes_of(big_pods)
+    assert len(set(nodes)) == 4  # one pod per node
+    racks = {rack for rack, members in cluster.racks.items() if set(nodes) & set(members)}
+    assert len(racks) == 1, f"pods spread over racks {racks}"
+    for p in big_pods:
+        assert p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+    for name in ("cpu-tiny", "llama3-70b"):
+        svc = cluster.kubectl_json("get", "service", "-n", ns, name)
+        assert svc["spec"]["clusterIP"] == "None"
+        pvc = cluster.kubectl_json("get", "pvc", "-n", ns, f"{name}-checkpoints")
+        cluster.wait(
+            lambda n=name: (
+                cluster.kubectl_json("get", "pvc", "-n", ns, f"{n}-checkpoints")["status"].get(
+                    "phase"
+                )
+                == "Bound"
+            ),
+            30,
+            what=f"{name} PVC bound",
+        )
+        assert pvc["metadata"]["ownerReferences"][0]["kind"] == "MegatronJob"
+
+    st = wait_phase(cluster, ns, "llama3-70b", "Running")
+    assert st["layout"] == "TP4·PP2·VPP5·DP4"
+    assert st["gpus"] == 32
+    wait_phase(cluster, ns, "cpu-tiny", "Running")
+    table = cluster.kubectl("get", "mj", "-n", ns).stdout
+    header = table.splitlines()[0].split()
+    assert header == ["NAME", "PHASE", "LAYOUT", "GPUS", "RESTARTS", "PROGRESS", "AGE"]
+    row = next(line.split() for line in table.splitlines() if line.startswith("llama3-70b"))
+    assert row[1:5] == ["Running", "TP4·PP2·VPP5·DP4", "32", "0"]
+
+
+def test_unschedulable_pods_are_explained(cluster: Cluster, namespace: str, operator: Op) -> None:
+    cluster.apply(
+        tiny_gpu_job("toobig", nodes=1, resources={"requests": {"cpu": "500"}}), namespace
+    )
+
+    def explained() -> dict[str, Any] | None:
+        # (first the PVC may still be binding; then the scheduler names the real shortage)
+        cond = condition(status(cluster, namespace, "toobig"), "PodsScheduled")
+        ok = cond and cond["status"] == "False" and "Insufficient cpu" in cond["message"]
+        return cond if ok else None
+
+    cond = cluster.wait(explained, 60, what="PodsScheduled=False naming the shortage")
+    assert cond["reason"] == "Unschedulable"
+    assert status(cluster, namespace, "toobig")["phase"] == "Pending"
+
+
+def test_one_failure_restarts_the_whole_gang(
+    cluster: Cluster, namespace: str, operator: Op
+) -> None:
+    ns = namespace
+    policy = {"backoffSeconds": 4, "maxBackoffSeconds": 60}
+    cluster.apply(tiny_gpu_job("gang", nodes=3, restartPolicy=policy), ns)
+    first = wait_pods(cluster, ns, "gang", 3, phase="Running", attempt=0)
+    uids = {p["metadata"]["uid"] for p in first}
+    wait_phase(cluster, ns, "gang", "Running")
+    failed_at = time.monotonic()
+    cluster.fail_pod(ns, "gang-1", exit_code=1, wait=False)
+    st = wait_phase(cluster, ns, "gang", "Restarting", timeout=30)
+    restarting = condition(st, "Restarting")
+    assert restarting is not None and restarting["status"] == "True"
+    assert restarting["reason"] == "Error"
+    assert (st["restarts"], st["restartsCounted"], st["restartAttempt"]) == (1, 1, 1)
+    second = wait_pods(cluster, ns, "gang", 3, attempt=1, timeout=60)
+    assert time.monotonic() - failed_at >= 4  # the backoff (after the old pods were gone)
+    assert not uids & {p["metadata"]["uid"] for p in second}  # every pod replaced
+    wait_pods(cluster, ns, "gang", 3, phase="Running", attempt=1, timeout=60)
+    st = wait_phase(cluster, ns, "gang", "Running")
+    assert st["lastFailure"]["pod"] == "gang-1"
+    assert st["lastFailure"]["exitCode"] == 1
+    assert condition(st, "Restarting")["status"] == "False"  # type: ignore[index]
+    warnings = [e for e in events(cluster, ns, "gang") if e["type"] == "Warning"]
+    assert any(e["reason"] == "Restarting" and "gang-1" in e["message"] for e in warnings)
+    assert 'megatronjob_restarts_total{name="gang"' in operator.metrics()
+
+
+def test_past_max_restarts_fails_and_frees_gpus(
+    cluster: Cluster, namespace: str, operator: Op
+) -> None:
+    ns = namespace
+    cluster.apply(tiny_gpu_job("flaky", nodes=2, restartPolicy={"maxRestarts": 1}), ns)
+    for attempt in (0, 1):
+        wait_pods(cluster, ns, "flaky", 2, phase="Running", attempt=attempt, timeout=60)
+        cluster.fail_pod(ns, "flaky-0", exit_code=3, wait=False)
+    st = wait_phase(cluster, ns, "flaky", "Failed")
+    assert condition(st, "Failed")["reason"] == "MaxRestartsExceeded"  # type: ignore[index]
+    cluster.wait(lambda: pods(cluster, ns, "flaky") == [], 60, what="no pod of the job left")
+    assert st["restarts"] == 1
+
+
+def test_fail_rule_fails_at_once(cluster: Cluster, namespace: str, operator: Op) -> None:
+    ns = namespace
+    rules = [{"action": "Fail", "exitCodes": [42]}]
+    cluster.apply(tiny_gpu_job("strict", nodes=2, restartPolicy={"rules": rules}), ns)
+    wait_pods(cluster, ns, "strict", 2, phase="Running")
+    cluster.fail_pod(ns, "strict-1", exit_code=42, wait=False)
+    st = wait_phase(cluster, ns, "strict", "Failed")
+    assert st["restarts"] == 0
+    assert st["lastFailure"]["exitCode"] == 42
+    assert "rules[0]" in condition(st, "Failed")["message"]  # type: ignore[index]
+    cluster.wait(lambda: pods(cluster, ns, "strict") == [], 60, what="pods deleted")
+
+
+def test_config_error_exit_code_fails_without_retry(
+    cluster: Cluster, namespace: str, operator: Op
+) -> None:
+    ns = namespace
+    cluster.apply(tiny_gpu_job("badcfg", nodes=1), ns)
+    wait_pods(cluster, ns, "badcfg", 1, phase="Running")
+    cluster.fail_pod(ns, "badcfg-0", exit_code=78, wait=False)
+    st = wait_phase(cluster, ns, "badcfg", "Failed")
+    assert st["restarts"] == 0
+
+
+def test_eviction_restarts_without_counting(cluster: Cluster, namespace: str, operator: Op) -> None:
+    ns = namespace
+    cluster.apply(tiny_gpu_job("evicted", nodes=2), ns)
+    wait_pods(cluster, ns, "evicted", 2, phase="Running", attempt=0)
+    wait_phase(cluster, ns, "evicted", "Running")
+    cluster.evict_pod(ns, "evicted-0")
+    wait_pods(cluster, ns, "evicted", 2, phase="Running", attempt=1, timeout=60)
+    st = status(cluster, ns, "evicted")
+    assert (st["restarts"], st["restartsCounted"]) == (1, 0)
+    assert st["lastFailure"]["reason"] in ("DisruptionTarget", "PodDeleted")
+    assert st["lastFailure"]["reason"] == "DisruptionTarget", st["lastFailure"]
+
+
+def test_node_failure_restarts_without_counting(
+    cluster: Cluster, namespace: str, operator: Op
+) -> None:
+    ns = namespace
+    cluster.apply(tiny_gpu_job("nodeloss", nodes=2), ns)
+    running = wait_pods(cluster, ns, "nodeloss", 2, phase="Running", attempt=0)
+    wait_phase(cluster, ns, "nodeloss", "Running")
+    victim = running[0]["spec"]["nodeName"]
+    cluster.fail_node(victim)
+    try:
+        again = wait_pods(cluster, ns, "nodeloss", 2, phase="Running", attempt=1, timeout=90)
+        assert victim not in _nodes_of(again)
+        st = status(cluster, ns, "nodeloss")
+        assert (st["restarts"], st["restartsCounted"]) == (1, 0)
+        assert st["lastFailure"]["reason"] == "NodeLost"
+        assert st["lastFailure"]["node"] == victim
+    finally:
+        cluster.recover_node(victim)
+
+
+def _annotate_progress(cluster: Cluster, ns: str, pod: str, iteration: int, when: datetime) -> None:
+    body = {
+        "iteration": iteration,
+        "loss": 3.25,
+        "tokensPerSecond": 1000.0,
+        "mfu": 0.4,
+        "checkpointIteration": None,
+        "time": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    cluster.kubectl(
+        "annotate", "pod", "-n", ns, pod, "--overwrite", f"megatron.dev/progress={json.dumps(body)}"
+    )
+
+
+def test_progress_is_copied_and_staleness_restarts_with_hang(
+    cluster: Cluster, namespace: str, operator: Op
+) -> None:
+    ns = namespace
+    cluster.apply(tiny_gpu_job("hang", nodes=2, restartPolicy={"hangTimeoutSeconds": 8}), ns)
+    wait_pods(cluster, ns, "hang", 2, phase="Running", attempt=0)
+    wait_phase(cluster, ns, "hang", "Running")
+    # Fresh progress keeps it alive well past the timeout.
+    for i in range(6):
+        _annotate_progress(cluster, ns, "hang-0", 10 + i, datetime.now(UTC))
+        time.sleep(2)
+    st = status(cluster, ns, "hang")
+    assert st["phase"] == "Running" and st["restarts"] == 0
+    assert st["progress"]["iteration"] == 15
+    assert st["progressSummary"].startswith("15/100")
+    assert "15/100" in cluster.kubectl("get", "mj", "-n", ns, "hang").stdout
+    # A stale report: the job restarts with reason Hang once the timeout passes.
+    _annotate_progress(cluster, ns, "hang-0", 16, datetime.now(UTC) - timedelta(hours=1))
+    wait_pods(cluster, ns, "hang", 2, attempt=1, timeout=60)
+    st = status(cluster, ns, "hang")
+    assert st["lastFailure"]["reason"] == "Hang"
+    assert st["restartsCounted"] == 1
+
+
+def test_suspend_resume_and_delete(cluster: Cluster, namespace: str, operator: Op) -> None:
+    ns = namespace
+    cluster.apply(tiny_gpu_job("pausable", nodes=2), ns)
+    wait_pods(cluster, ns, "pausable", 2, phase="Running", attempt=0)
+    cluster.kubectl(
+        "patch", "mj", "-n", ns, "pausable", "--type=merge", "-p", '{"spec":{"suspend":true}}'
+    )
+    wait_phase(cluster, ns, "pausable", "Suspended")
+    cluster.wait(lambda: pods(cluster, ns, "pausable") == [], 60, what="pods gone while suspended")
+    cluster.kubectl(
+        "patch", "mj", "-n", ns, "pausable", "--type=merge", "-p", '{"spec":{"suspend":false}}'
+    )
+    wait_pods(cluster, ns, "pausable", 2, phase="Running", attempt=1, timeout=60)
+    st = wait_phase(cluster, ns, "pausable", "Running")
+    assert st["restarts"] == 0
+
+    children = {
+        "serviceaccount": "pausable-trainer",
+        "role": "pausable-trainer",
+        "rolebinding": "pausable-trainer",
+        "configmap": "pausable-config",
+        "service": "pausable",
+    }
+    for kind, name in children.items():
+        cluster.kubectl("get", kind, "-n", ns, name)
+    cluster.kubectl("delete", "mj", "-n", ns, "pausable", "--wait=false")
+
+    def all_gone() -> bool:
+        left = [
+            kind
+            for kind, name in children.items()
+            if cluster.kubectl("get", kind, "-n", ns, name, check=False).returncode == 0
+        ]
+        return not left and not pods(cluster, ns, "pausable")
+
+    # The operator's own cleanup: well inside the GC's 30 s discovery of a new CRD kind.
+    cluster.wait(all_gone, 20, what="every child of the deleted job gone")
+    cluster.wait(
+        lambda: cluster.kubectl("get", "mj", "-n", ns, "pausable", check=False).returncode != 0,
+        30,
+        what="the job itself gone",
+    )
+
+
+def test_success_when_every_pod_exits_zero(cluster: Cluster, namespace: str, operator: Op) -> None:
+    ns = namespace
+    cluster.apply(tiny_gpu_job("done", nodes=2, ttlSecondsAfterFinished=3), ns)
+    wait_pods(cluster, ns, "done", 2, phase="Running")
+    cluster.complete_pod(ns, "done-0")
+    time.sleep(1)
+    assert status(cluster, ns, "done")["phase"] in ("Running", "Pending")  # one rank is not all
+    cluster.complete_pod(ns, "done-1")
+    st = wait_phase(cluster, ns, "done", "Succeeded")
+    assert condition(st, "Succeeded")["status"] == "True"  # type: ignore[index]
+    cluster.wait(
+        lambda: cluster.kubectl("get", "mj", "-n", ns, "done", check=False).returncode != 0,
+        30,
+        what="ttlSecondsAfterFinished deleting the job",
+    )
+
+
+def test_invalid_spec_slipping_past_the_crd_fails_cleanly(
+    cluster: Cluster, namespace: str, operator: Op
+) -> None:
+    # A layout the CRD's CEL cannot see: it only fails the planner's memory budget.
+    doc = tiny_gpu_job("toofat", nodes=1, model={"recipe": "llama3-70b"})
+    doc["spec"]["training"]["globalBatchSize"] = 8
+    cluster.apply(doc, namespace)
+    st = wait_phase(cluster, namespace, "toofat", "Failed")
+    cond = condition(st, "Failed")
+    assert cond is not None and cond["reason"] == "InvalidSpec"
+    assert "spec.resources.gpuMemoryGiB" in cond["message"]
+    assert pods(cluster, namespace, "toofat") == []
+
+
+def test_trainer_rbac_is_its_own_pods_only(cluster: Cluster, namespace: str, operator: Op) -> None:
+    ns = namespace
+    cluster.apply(tiny_gpu_job("rbac", nodes=2), ns)
+    wait_pods(cluster, ns, "rbac", 2)
+    cluster.apply(tiny_gpu_job("other", nodes=1), ns)
+    wait_pods(cluster, ns, "other", 1)
+    sa = f"system:serviceaccount:{ns}:rbac-trainer"
+
+    def can(*args: str) -> str:
+        proc = cluster.kubectl("auth", "can-i", *args, f"--as={sa}", check=False)
+        return proc.stdout.strip()
+
+    assert can("patch", "pods/rbac-0", "-n", ns) == "yes"
+    assert can("patch", "pods/rbac-1", "-n", ns) == "yes"
+    assert can("get", "pods/rbac-0", "-n", ns) == "yes"
+    assert can("patch", "pods/other-0", "-n", ns) == "no"
+    assert can("delete", "pods/rbac-0", "-n", ns) == "no"
+    assert can("create", "pods", "-n", ns) == "no"
+    assert can("list", "pods", "-n", ns) == "no"
+    assert can("get", "secrets", "-n", ns) == "no"
+    assert can("patch", "pods/rbac-0", "-n", "default") == "no"
+    assert can("patch", "megatronjobs/rbac", "-n", ns) == "no"
+    # and it really works: patch the annotation as the trainer would
+    cluster.kubectl(
+        "annotate",
+        "pod",
+        "-n",
+        ns,
+        "rbac-0",
+        "--overwrite",
+        f"--as={sa}",
+        "megatron.dev/progress={}",
+    )
+
+
+def test_job_body_keeps_no_kopf_state_in_status(
+    cluster: Cluster, namespace: str, operator: Op
+) -> None:
+    cluster.apply(tiny_gpu_job("clean", nodes=1), namespace)
+    wait_phase(cluster, namespace, "clean", "Running", timeout=60)
+    body = job(cluster, namespace, "clean")
+    assert "kopf" not in body.get("status", {})
+    assert "megatron.dev/cleanup" in body["metadata"]["finalizers"]
