@@ -16,9 +16,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .config import ConfigError, TrainerConfig
-from .tokenizer import TokenizerError, megatron_tokenizer
+from .tokenizer import DatasetTokenizer, TokenizerError
 
 MOCK_NOISE = 0.05  # share of tokens replaced by random ones, so the loss does not reach zero
+MOCK_MAX_STRIDE = 4  # gpt-tiny goes from ln(1024) ≈ 6.9 to ≈ 5.2 in 60 steps (16 gave only 6.4)
 
 
 class MockDataset(Dataset[dict[str, np.ndarray]]):
@@ -41,7 +42,7 @@ class MockDataset(Dataset[dict[str, np.ndarray]]):
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, index])
         start = rng.integers(self.vocab_size)
-        stride = rng.integers(1, 17)
+        stride = rng.integers(1, MOCK_MAX_STRIDE + 1)
         seq = (start + stride * self._positions) % self.vocab_size
         noisy = np.asarray(rng.random(seq.shape[0]) < MOCK_NOISE)
         seq[noisy] = rng.integers(self.vocab_size, size=int(np.count_nonzero(noisy)))
@@ -65,7 +66,7 @@ def build_dataset(cfg: TrainerConfig, num_samples: int) -> Dataset[Any]:
 
     assert cfg.data.blend and cfg.data.tokenizer_path  # validate() guarantees both
     try:
-        tokenizer = megatron_tokenizer(cfg.data.tokenizer_path)
+        tokenizer = DatasetTokenizer(cfg.data.tokenizer_path)
     except TokenizerError as err:
         raise ConfigError([f"data.tokenizer.path: {err}"]) from err
     if tokenizer.vocab_size > m.padded_vocab_size:
@@ -93,7 +94,7 @@ def build_dataset(cfg: TrainerConfig, num_samples: int) -> Dataset[Any]:
         create_attention_mask=False,
     )
     train, _, _ = BlendedMegatronDatasetBuilder(
-        GPTDataset, [num_samples, None, None], lambda: True, dataset_config
+        GPTDataset, [num_samples, 0, 0], lambda: True, dataset_config
     ).build()
     if train is None:
         raise ConfigError([f"data.split: {cfg.data.split!r} leaves no training documents"])

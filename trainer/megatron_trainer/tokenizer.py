@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -38,33 +37,16 @@ def find_eod(tokenizer: Tokenizer, directory: str | Path = "") -> int:
     )
 
 
-def megatron_tokenizer(directory: str) -> Any:
-    """Wrap the tokenizer in Megatron-Core's tokenizer interface (for GPTDatasetConfig)."""
-    from megatron.core.datasets.megatron_tokenizer import MegatronTokenizer
+class DatasetTokenizer:
+    """What Megatron-Core's GPTDataset reads from a tokenizer: `vocab_size`, `eod`, and
+    `unique_identifiers` (part of the key of its index cache). Duck-typed on purpose: the legacy
+    base class logs a deprecation warning, and the new one requires chat templates."""
 
-    class _HFTokenizer(MegatronTokenizer):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__(directory)
-            self._tok = load_tokenizer(directory)
-            self._eod = find_eod(self._tok, directory)
-
-        def tokenize(self, text: str) -> list[int]:
-            return list(self._tok.encode(text, add_special_tokens=False).ids)
-
-        @property
-        def vocab(self) -> dict[str, int]:
-            return dict(self._tok.get_vocab(with_added_tokens=True))
-
-        @property
-        def inv_vocab(self) -> dict[int, str]:
-            return {v: k for k, v in self.vocab.items()}
-
-        @property
-        def vocab_size(self) -> int:
-            return int(self._tok.get_vocab_size(with_added_tokens=True))
-
-        @property
-        def eod(self) -> int:
-            return self._eod
-
-    return _HFTokenizer()
+    def __init__(self, directory: str) -> None:
+        tokenizer = load_tokenizer(directory)
+        self.vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=True))
+        self.eod = find_eod(tokenizer, directory)
+        self.unique_identifiers = {
+            "class": type(self).__name__,
+            "tokenizer_path": [str(Path(directory).resolve())],
+        }

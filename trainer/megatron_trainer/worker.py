@@ -8,6 +8,7 @@ guard it would start training again).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -40,7 +41,11 @@ def main() -> int:
         rank = env.global_rank(local_rank)
         _configure_logging(rank)
         config = load_config(env.config_path)
-        from .loop import Trainer  # torch and Megatron-Core: seconds; only in ranks
+        # torch and Megatron-Core take seconds to import: only in ranks, and as fast as we can.
+        from .imports import import_megatron_core
+
+        import_megatron_core()
+        from .loop import Trainer
 
         return Trainer(config, env, local_rank, stop).run()
     except ConfigError as err:
@@ -48,5 +53,15 @@ def main() -> int:
         return EXIT_CONFIG
 
 
+def _exit(code: int) -> None:
+    """Exit without the interpreter's teardown, which took seconds in torch's C++ destructors
+    (gloo, the TCP store) after all our state was safely on disk; atexit handlers still run
+    (multiprocessing's, which stop the checkpoint writer's helper processes)."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

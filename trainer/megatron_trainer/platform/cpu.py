@@ -13,9 +13,12 @@ that the run then succeeds (sufficient): tests/trainer/test_cpu_platform.py.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib
+import json
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -236,9 +239,25 @@ def check_version() -> None:
         )
 
 
+REPORT_ENV = "MEGATRON_CPU_PATCH_REPORT"
+
+
+def _write_report(directory: str) -> None:
+    path = os.path.join(directory, f"cpu-patch-hits-{os.getpid()}.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(patch_hits(), f, indent=1, sort_keys=True)
+
+
 def install(modules: dict[str, str] | None = None) -> None:
-    """Install the stand-ins (idempotent). `modules` defaults to PATCHED_MODULES."""
+    """Install the stand-ins (idempotent). `modules` defaults to PATCHED_MODULES.
+
+    With MEGATRON_CPU_PATCH_REPORT=DIR, each process writes its `patch_hits()` to DIR at exit
+    (a diagnostic for tests and for re-verifying the patches on a new Megatron-Core).
+    """
     check_version()
+    report_dir = os.environ.get(REPORT_ENV)
+    if report_dir and not _installed:
+        atexit.register(_write_report, report_dir)
     for name in modules or PATCHED_MODULES:
         if name in _installed:
             continue
