@@ -8,6 +8,7 @@ Fixtures:
   4 nodes, Kueue on. Environment variables change it (read once per session):
     MEGATRON_CLUSTER_NODES (16), MEGATRON_CLUSTER_GPUS_PER_NODE (8),
     MEGATRON_CLUSTER_NODES_PER_RACK (4), MEGATRON_CLUSTER_KUEUE (1; 0 turns Kueue off),
+    MEGATRON_CLUSTER_EXTRA_ARGS (more `cluster up` options, e.g. "--kueue-pods-ready-timeout 5m"),
     MEGATRON_CLUSTER_STATE: use this state directory. If a cluster is already running there it is
       reused and left running (fast local iteration: `tests/cluster/cluster up --state DIR
       --nodes 16 --kueue` once, then run pytest with MEGATRON_CLUSTER_STATE=DIR).
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -338,6 +340,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     ]
     if _env_int("MEGATRON_CLUSTER_KUEUE", 1):
         args.append("--kueue")
+    args += shlex.split(os.environ.get("MEGATRON_CLUSTER_EXTRA_ARGS", ""))
     c = start_cluster(state, args)
     try:
         yield c
