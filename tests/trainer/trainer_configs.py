@@ -45,9 +45,11 @@ def tiny_config(
     dp: int = 1,
     vpp: int | None = None,
     nodes: int = 1,
+    save_interval: int = 5,
     **training: Any,
 ) -> dict[str, Any]:
-    """gpt-tiny on CPU with the given layout; world = tp·pp·dp ranks on `nodes` pods."""
+    """gpt-tiny on CPU with the given layout; world = tp·pp·dp ranks on `nodes` pods.
+    `training` overrides fields of the training section (camelCase)."""
     cfg = copy.deepcopy(GPT_TINY)
     world = tp * pp * dp
     cfg["parallelism"].update(
@@ -58,7 +60,7 @@ def tiny_config(
         cfg["training"]["microBatchSize"] * dp
     )
     cfg["training"].update(training)
-    cfg["checkpoint"]["dir"] = str(checkpoint_dir)
+    cfg["checkpoint"].update(dir=str(checkpoint_dir), saveInterval=save_interval)
     return cfg
 
 

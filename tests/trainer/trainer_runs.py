@@ -1,4 +1,4 @@
-"""Run `python -m megatron_trainer` as a pod would: a subprocess with the contract env."""
+"""Run `python -m megatron_trainer` as pods do: one subprocess per pod, with the contract env."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from configs import write_config
+from .trainer_configs import write_config
 
 
 def free_port() -> int:
@@ -48,8 +48,73 @@ def pod_env(
         NPROC_PER_NODE=str(res["procsPerNode"]),
         MEGATRON_CONFIG=str(config_path),
         MEGATRON_JOB_NAME=cfg["job"]["name"],
+        MEGATRON_RESTART_ATTEMPT="0",
+        # Every multi-rank test also reports which CPU patches were used (test_cpu_platform).
+        MEGATRON_CPU_PATCH_REPORT=str(config_path.parent),
     )
     return env
+
+
+@dataclass
+class Pods:
+    """The running pods of one job; `wait()` turns them into a Run."""
+
+    procs: list[subprocess.Popen[bytes]]
+    logs: list[Path]
+    progress_file: Path
+    started: float
+
+    def progress(self) -> list[dict[str, Any]]:
+        if not self.progress_file.exists():
+            return []
+        lines = self.progress_file.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.endswith("}")]
+
+    def wait(self, timeout: float = 300.0) -> Run:
+        codes = []
+        for proc in self.procs:
+            try:
+                left = max(1.0, timeout - (time.monotonic() - self.started))
+                codes.append(proc.wait(timeout=left))
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                codes.append(-9)
+        output = "".join(log.read_text() for log in self.logs)
+        code = next((c for c in codes if c != 0), 0)
+        return Run(code, output, self.progress(), time.monotonic() - self.started)
+
+
+def start_trainer(
+    cfg: dict[str, Any],
+    workdir: Path,
+    *,
+    extra_env: dict[str, str] | None = None,
+    name: str = "run",
+) -> Pods:
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_path = write_config(cfg, workdir / f"{name}-config.json")
+    progress_file = workdir / f"{name}-progress.jsonl"
+    progress_file.unlink(missing_ok=True)
+    port = free_port()
+    procs, logs = [], []
+    for node in range(cfg["resources"]["nodes"]):
+        env = pod_env(cfg, config_path, port, node)
+        if node == 0:
+            env["MEGATRON_PROGRESS_FILE"] = str(progress_file)
+        env.update(extra_env or {})
+        log_path = workdir / f"{name}-node{node}.log"
+        with log_path.open("w") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "megatron_trainer"],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        logs.append(log_path)
+    return Pods(procs, logs, progress_file, time.monotonic())
 
 
 def run_trainer(
@@ -60,43 +125,25 @@ def run_trainer(
     timeout: float = 300.0,
     name: str = "run",
 ) -> Run:
-    """Run every pod of the job (nodes × procsPerNode ranks) and wait for all of them."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    config_path = write_config(cfg, workdir / f"{name}-config.json")
-    progress_file = workdir / f"{name}-progress.jsonl"
-    progress_file.unlink(missing_ok=True)
-    port = free_port()
-    started = time.monotonic()
-    pods = []
-    for node in range(cfg["resources"]["nodes"]):
-        env = pod_env(cfg, config_path, port, node)
-        if node == 0:
-            env["MEGATRON_PROGRESS_FILE"] = str(progress_file)
-        env.update(extra_env or {})
-        log = open(workdir / f"{name}-node{node}.log", "w")  # noqa: SIM115
-        pods.append(
-            (
-                subprocess.Popen(
-                    [sys.executable, "-m", "megatron_trainer"],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                ),
-                log,
-            )
-        )
-    codes = []
-    for proc, log in pods:
+    """Run every pod of the job (nodes x procsPerNode ranks) to completion."""
+    return start_trainer(cfg, workdir, extra_env=extra_env, name=name).wait(timeout)
+
+
+def processes_with_env(needle: str) -> list[int]:
+    """PIDs whose environment mentions `needle` (to find leftovers of a run)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
         try:
-            codes.append(proc.wait(timeout=max(1.0, timeout - (time.monotonic() - started))))
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            codes.append(-9)
-        log.close()
-    output = "".join((workdir / f"{name}-node{n}.log").read_text() for n in range(len(pods)))
-    progress = []
-    if progress_file.exists():
-        progress = [json.loads(line) for line in progress_file.read_text().splitlines() if line]
-    code = next((c for c in codes if c != 0), 0)
-    return Run(code, output, progress, time.monotonic() - started)
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle.encode() in environ:
+            found.append(int(entry))
+    return found
+
+
+def relative_difference(a: dict[int, float], b: dict[int, float]) -> float:
+    assert a.keys() == b.keys(), (sorted(a), sorted(b))
+    return max(abs(a[k] - b[k]) / abs(b[k]) for k in a)

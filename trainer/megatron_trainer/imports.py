@@ -37,7 +37,7 @@ def import_megatron_core() -> None:
     if "megatron.core" in sys.modules:
         return
     real = torch.compile
-    torch.compile = _deferred_compile  # type: ignore[assignment]
+    torch.compile = _deferred_compile
     try:
         import megatron.core
         import megatron.core.models.gpt  # noqa: F401 - the model stack imports the fusions

@@ -62,9 +62,6 @@ PATCHED_MODULES: dict[str, str] = {
     "megatron.core.optimizer.clip_grads": (
         "grad-norm and clipping use torch.zeros(..., device='cuda') accumulators"
     ),
-    "megatron.core.optimizer.distrib_optimizer": (
-        "loading the distributed optimizer allocates state shards on torch.cuda.current_device()"
-    ),
     "megatron.core.transformer.moe.router": (
         "the MoE router moves its weights to torch.cuda.current_device() on every forward"
     ),

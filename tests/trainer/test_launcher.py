@@ -1,0 +1,92 @@
+"""`python -m megatron_trainer` refuses a bad job before any rank starts: exit 78 (EX_CONFIG, the
+operator's "Fail at once") and a message naming the field, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from megatron_trainer.config import EXIT_CONFIG
+from megatron_trainer.launcher import exit_code
+
+from .trainer_configs import tiny_config, write_config
+from .trainer_runs import free_port, pod_env
+
+pytestmark = pytest.mark.trainer
+
+
+def launch(cfg: dict[str, Any], workdir: Path, **env: str) -> tuple[int, str, float]:
+    path = write_config(cfg, workdir / "config.json")
+    environ = {**pod_env(cfg, path, free_port()), **env}
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "megatron_trainer"],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started
+
+
+def bad_recipe(cfg: dict[str, Any], tmp: Path) -> None:
+    cfg["model"]["recipe"] = "gpt-enormous"
+
+
+def bad_layout(cfg: dict[str, Any], tmp: Path) -> None:
+    cfg["parallelism"]["tensor"] = 3  # 4 heads are not divisible by 3; 2 ranks neither
+
+
+def missing_data(cfg: dict[str, Any], tmp: Path) -> None:
+    cfg["data"].update(
+        mock=False,
+        blend=[{"weight": 1.0, "prefix": str(tmp / "nowhere" / "corpus")}],
+        tokenizer={"path": str(tmp)},
+    )
+
+
+def expert_parallel_on_cpu(cfg: dict[str, Any], tmp: Path) -> None:
+    cfg["model"]["moe"] = {
+        "numExperts": 4, "routerTopK": 2, "ffnHiddenSize": 176, "sharedExpertFfnHiddenSize": None,
+        "firstKDenseLayers": 0, "auxLossCoeff": 0.0, "tokenDispatcher": "allgather",
+    }  # fmt: skip
+    cfg["parallelism"].update(expert=2, expertData=1)
+
+
+@pytest.mark.parametrize(
+    ("breakage", "expected"),
+    [
+        (bad_recipe, "model.recipe: unknown recipe 'gpt-enormous'"),
+        (bad_layout, "model.numAttentionHeads (4) is not divisible by parallelism.tensor (3)"),
+        (missing_data, "corpus.bin does not exist; run `mjob preprocess`"),
+        (expert_parallel_on_cpu, "parallelism.expert (2) > 1 (expert parallelism) is CUDA-only"),
+    ],
+)
+def test_bad_config_fails_fast(breakage: Any, expected: str, tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path / "ckpt", dp=2)
+    breakage(cfg, tmp_path)
+    code, output, seconds = launch(cfg, tmp_path)
+    assert code == EXIT_CONFIG, output
+    assert expected in output
+    assert "Traceback" not in output
+    assert seconds < 30  # no rank was started: validation needs no torch import
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_missing_env_is_a_config_error(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path / "ckpt")
+    code, output, _ = launch(cfg, tmp_path, MASTER_ADDR="", NODE_RANK="3")
+    assert code == EXIT_CONFIG
+    assert "MASTER_ADDR: required environment variable is not set" in output
+    assert "NODE_RANK (3) must be < NNODES (1)" in output
+
+
+def test_rank_exit_codes_follow_the_shell_convention() -> None:
+    assert exit_code(-9) == 137 and exit_code(-15) == 143
+    assert exit_code(0) == 0 and exit_code(78) == 78
