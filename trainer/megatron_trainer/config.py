@@ -651,46 +651,48 @@ def runtime_env(environ: Mapping[str, str]) -> RuntimeEnv:
     """Parse the contract env. Raises ConfigError naming every missing or malformed variable."""
     problems: list[str] = []
 
-    def integer(name: str, minimum: int, default: int | None = None) -> int:
+    def integer(name: str, minimum: int, default: int | None = None) -> int | None:
         raw = environ.get(name)
         if raw is None or raw == "":
-            if default is not None:
-                return default
-            problems.append(f"{name}: required environment variable is not set")
-            return minimum
+            if default is None:
+                problems.append(f"{name}: required environment variable is not set")
+            return default
         try:
             value = int(raw)
         except ValueError:
             problems.append(f"{name}: expected an integer, got {raw!r}")
-            return minimum
+            return None
         if value < minimum:
             problems.append(f"{name}: must be >= {minimum}, got {value}")
+            return None
         return value
 
     master_addr = environ.get("MASTER_ADDR", "")
     if not master_addr:
         problems.append("MASTER_ADDR: required environment variable is not set")
     master_port = integer("MASTER_PORT", 1, default=29500)
-    if master_port > 65535:
+    if master_port is not None and master_port > 65535:
         problems.append(f"MASTER_PORT: must be a TCP port (1-65535), got {master_port}")
     world_size = integer("WORLD_SIZE", 1)
     nnodes = integer("NNODES", 1)
     node_rank = integer("NODE_RANK", 0)
     nproc = integer("NPROC_PER_NODE", 1)
     restart_attempt = integer("MEGATRON_RESTART_ATTEMPT", 0, default=0)
-    if not problems:
-        if world_size != nnodes * nproc:
-            problems.append(
-                f"WORLD_SIZE ({world_size}) must equal NNODES ({nnodes}) × NPROC_PER_NODE ({nproc})"
-            )
-        if node_rank >= nnodes:
-            problems.append(f"NODE_RANK ({node_rank}) must be < NNODES ({nnodes})")
+    sizes_known = world_size is not None and nnodes is not None and nproc is not None
+    if sizes_known and world_size != nnodes * nproc:  # type: ignore[operator]
+        problems.append(
+            f"WORLD_SIZE ({world_size}) must equal NNODES ({nnodes}) × NPROC_PER_NODE ({nproc})"
+        )
+    if node_rank is not None and nnodes is not None and node_rank >= nnodes:
+        problems.append(f"NODE_RANK ({node_rank}) must be < NNODES ({nnodes})")
     report = environ.get("MEGATRON_REPORT_TO_POD", "false").strip().lower()
     if report not in ("true", "false", ""):
         problems.append(f"MEGATRON_REPORT_TO_POD: expected 'true' or 'false', got {report!r}")
     injections = _parse_injections(environ.get("MEGATRON_INJECT_FAILURE", ""), problems)
     if problems:
         raise ConfigError(problems)
+    assert master_port is not None and world_size is not None and nnodes is not None
+    assert node_rank is not None and nproc is not None and restart_attempt is not None
     return RuntimeEnv(
         master_addr=master_addr,
         master_port=master_port,

@@ -88,13 +88,13 @@ def _init_worker(tokenizer_dir: str, json_key: str, eod: int | None) -> None:
     _worker_state.update(tokenizer=load_tokenizer(tokenizer_dir), key=json_key, eod=eod)
 
 
-def _tokenize(task: tuple[str, int, list[str]]) -> list[np.ndarray] | str:
-    """Token arrays for a chunk of lines, or an error message naming the bad line."""
-    source, first_line, lines = task
+def _tokenize(task: tuple[str, list[tuple[int, str]]]) -> list[np.ndarray] | str:
+    """Token arrays for a chunk of (line number, line), or an error naming the bad line."""
+    source, lines = task
     key = _worker_state["key"]
     texts = []
-    for offset, line in enumerate(lines):
-        where = f"{source}:{first_line + offset}"
+    for number, line in lines:
+        where = f"{source}:{number}"
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
@@ -111,23 +111,23 @@ def _tokenize(task: tuple[str, int, list[str]]) -> list[np.ndarray] | str:
 # -- main side -----------------------------------------------------------------------------------
 
 
-def _tasks(inputs: Sequence[Path], progress: Progress) -> Iterator[tuple[str, int, list[str]]]:
+def _tasks(
+    inputs: Sequence[Path], progress: Progress
+) -> Iterator[tuple[str, list[tuple[int, str]]]]:
+    """Chunks of non-empty lines with their line numbers (for error messages)."""
     for path in inputs:
         with path.open("r", encoding="utf-8") as f:
-            chunk: list[str] = []
-            first = 1
+            chunk: list[tuple[int, str]] = []
             for number, line in enumerate(f, start=1):
                 progress.bytes_read += len(line.encode("utf-8"))
                 if not line.strip():
                     continue
-                if not chunk:
-                    first = number
-                chunk.append(line)
+                chunk.append((number, line))
                 if len(chunk) == LINES_PER_TASK:
-                    yield str(path), first, chunk
+                    yield str(path), chunk
                     chunk = []
             if chunk:
-                yield str(path), first, chunk
+                yield str(path), chunk
 
 
 class Progress:
