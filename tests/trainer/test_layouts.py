@@ -29,3 +29,5 @@ def test_training_reports_progress_and_checkpoints(reference_runs: Callable[[str
     # The loss is the token average over the global batch: near ln(1024) at the start.
     assert 6.5 < run.losses()[1] < 7.2
     assert "RESUME: no complete checkpoint" in run.output
+    assert run.checkpoint_dir is not None
+    assert list((run.checkpoint_dir / "tensorboard").glob("events.out.tfevents.*"))

@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from megatron_trainer.checkpoint import TRACKER, incomplete_reason, iteration_dir, read_tracker
+from megatron_trainer.checkpoint import (
+    TRACKER,
+    incomplete_reason,
+    iteration_dir,
+    read_tracker,
+    scan,
+)
 
 from .conftest import REFERENCE_ITERS
 from .trainer_configs import tiny_config
@@ -43,6 +49,7 @@ def test_exact_resume_after_sigkill_of_one_rank(workdir: Path) -> None:
     assert sorted(after) == list(range(11, 21))
     expected = {i: full.losses()[i] for i in range(11, 21)}
     assert after == expected  # bit-identical, not merely close
+    assert scan(workdir / "ckpt").complete == [10, 15, 20]  # keep: 3
 
 
 def test_sigterm_saves_the_current_step_and_resume_continues_after_it(
@@ -70,6 +77,7 @@ def test_sigterm_saves_the_current_step_and_resume_continues_after_it(
 
 def test_sigterm_to_the_launcher_checkpoints_and_exits_143(workdir: Path) -> None:
     cfg = tiny_config(workdir / "ckpt", trainIters=200, save_interval=100)
+    cfg["profiling"] = {"startStep": 1, "endStep": 2, "ranks": [0]}
     pods = start_trainer(cfg, workdir)
     deadline = time.monotonic() + 180
     while not any(r["iteration"] >= 2 for r in pods.progress()):
@@ -83,6 +91,7 @@ def test_sigterm_to_the_launcher_checkpoints_and_exits_143(workdir: Path) -> Non
     stopped_at = run.progress[-1]["iteration"]
     assert run.progress[-1]["checkpointIteration"] == stopped_at < 200
     assert read_tracker(workdir / "ckpt") == stopped_at
+    assert (workdir / "ckpt" / "profiles" / "rank0-iter1-2.json").stat().st_size > 0
 
 
 def test_incomplete_or_truncated_latest_checkpoint_is_skipped(workdir: Path) -> None:
@@ -109,6 +118,13 @@ def test_incomplete_or_truncated_latest_checkpoint_is_skipped(workdir: Path) -> 
     assert not partial.exists()
     assert again.losses() == {i: first.losses()[i] for i in (4, 5, 6)}
     assert incomplete_reason(iteration_dir(ckpt, 6)) is None and read_tracker(ckpt) == 6
+
+    cfg["checkpoint"]["load"] = False
+    fresh = run_trainer(cfg, workdir, name="fresh")
+    assert fresh.returncode == 0, fresh.output[-3000:]
+    assert "checkpoint.load is false: NOT resuming" in fresh.output
+    assert fresh.losses() == first.losses()  # from scratch, and deterministic
+    assert len(list(ckpt.glob("discarded-*/iter_0000006"))) == 1
 
 
 def test_dp_change_resumes_and_incompatible_changes_fail_clearly(

@@ -28,6 +28,7 @@ class Run:
     output: str
     progress: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    checkpoint_dir: Path | None = None
 
     def losses(self) -> dict[int, float]:
         """Loss per iteration; a later report of the same iteration (after a resume) wins."""
@@ -63,6 +64,7 @@ class Pods:
     logs: list[Path]
     progress_file: Path
     started: float
+    checkpoint_dir: Path
 
     def progress(self) -> list[dict[str, Any]]:
         if not self.progress_file.exists():
@@ -82,7 +84,8 @@ class Pods:
                 codes.append(-9)
         output = "".join(log.read_text() for log in self.logs)
         code = next((c for c in codes if c != 0), 0)
-        return Run(code, output, self.progress(), time.monotonic() - self.started)
+        seconds = time.monotonic() - self.started
+        return Run(code, output, self.progress(), seconds, self.checkpoint_dir)
 
 
 def start_trainer(
@@ -114,7 +117,7 @@ def start_trainer(
                 )
             )
         logs.append(log_path)
-    return Pods(procs, logs, progress_file, time.monotonic())
+    return Pods(procs, logs, progress_file, time.monotonic(), Path(cfg["checkpoint"]["dir"]))
 
 
 def run_trainer(
