@@ -59,7 +59,7 @@ class ConfigError(Exception):
 class JobInfo:
     name: str
     namespace: str
-    uid: str
+    uid: str | None  # null when rendered without a cluster (`mjob render`)
 
 
 @dataclass(frozen=True)
@@ -391,8 +391,8 @@ def _req(section: _Section | None) -> _Section:
 def _parse_job(s: _Section) -> JobInfo | None:
     name, namespace, uid = s.text("name"), s.text("namespace"), s.raw("uid")
     s.finish()
-    if not isinstance(uid, str):
-        s.problems.append(f"job.uid: expected a string, got {_describe(uid)}")
+    if uid is not None and not isinstance(uid, str):
+        s.problems.append(f"job.uid: expected a string or null, got {_describe(uid)}")
         return None
     return JobInfo(name, namespace, uid) if _all_present(name, namespace) else None
 

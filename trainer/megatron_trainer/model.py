@@ -98,7 +98,8 @@ def transformer_config(cfg: TrainerConfig, platform: Platform) -> TransformerCon
         "bias_activation_fusion": platform.is_cuda and m.activation in ("swiglu", "gelu"),
         "bias_dropout_fusion": platform.is_cuda,
         "masked_softmax_fusion": platform.is_cuda,
-        "apply_rope_fusion": te,
+        # TE's fused RoPE; for MLA Megatron only fuses YaRN, and we use plain RoPE there.
+        "apply_rope_fusion": te and m.mla is None,
         "gradient_accumulation_fusion": te,
         "cross_entropy_loss_fusion": platform.is_cuda,
         # gloo matches a batch of isend/irecv between the same two ranks first-in-first-out, so
