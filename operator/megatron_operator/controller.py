@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
@@ -31,7 +32,7 @@ API_RETRY_SECONDS = 5.0
 
 def _api_message(exc: ApiException) -> str:
     try:
-        return str(json.loads(exc.body).get("message", ""))[:300]
+        return str(json.loads(exc.body or "").get("message", ""))[:300]
     except (TypeError, ValueError, AttributeError):
         return str(exc.body or "")[:300]
 
@@ -75,10 +76,14 @@ class Controller:
         if job is None:
             self.metrics.forget(namespace, name)
             return self.settings.resync_seconds
+        if job["metadata"].get("deletionTimestamp"):
+            return self.settings.resync_seconds  # the delete handler takes it from here
         raw_pods = self.kube.list_pods(namespace, name)
         pods = [pod_view(p) for p in raw_pods]
-        status = job.get("status") if isinstance(job.get("status"), dict) else {}
-        accepted = self.kube.accepted_spec(namespace, name) if status else None
+        raw_status = job.get("status")
+        status: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
+        # The accepted spec lives in the ConfigMap, which exists once an attempt was launched.
+        accepted = self.kube.accepted_spec(namespace, name) if "launchedAttempt" in status else None
         not_ready: dict[str, datetime] = {}
         known: set[str] | None = None
         if nodes is not None:
@@ -108,8 +113,10 @@ class Controller:
         if out.status != job.get("status"):
             self.kube.replace_status(dict(job), out.status)
         now = _now()
-        for event in out.events:
-            self.kube.event(dict(job), event.type, event.reason, event.message, now)
+        for event in out.events:  # posted in the background: events never hold up a reconcile
+            self.kube.pool.submit(
+                self.kube.event, dict(job), event.type, event.reason, event.message, now
+            )
         self.metrics.observe_status(namespace, name, out.status)
         if out.restart_reason is not None:
             self.metrics.restarts.labels(namespace, name, out.restart_reason).inc()

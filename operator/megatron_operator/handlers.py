@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +26,9 @@ log = logging.getLogger(__name__)
 
 # Set by the CLI before kopf starts (one API client and one Controller per process).
 CONTROLLER: Controller | None = None
+# Reconciles run in threads (the API client is synchronous). asyncio's default pool has
+# min(32, cores + 4) threads: far too few when hundreds of jobs are reconciled at once.
+RECONCILE_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="reconcile")
 _wakeups: dict[tuple[str, str], asyncio.Event] = {}
 DEBOUNCE_SECONDS = 0.05  # let a burst of pod events land before observing
 
@@ -52,6 +56,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.enabled = False  # we post our own events, after each status write
     settings.execution.max_workers = 64
     settings.watching.server_timeout = 300
+    # Our daemons exit as soon as they are told to stop; give them a moment to do so cleanly
+    # rather than being cancelled mid-reconcile.
+    settings.background.instant_exit_timeout = 2.0
 
 
 @kopf.index("", "v1", "nodes")
@@ -75,9 +82,23 @@ async def pod_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> N
     _wake(namespace, labels.get(LABEL_JOB_NAME))
 
 
+_generations: dict[tuple[str, str], int | None] = {}
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def job_changed(namespace: str | None, name: str, **_: Any) -> None:
-    _wake(namespace, name)
+async def job_changed(
+    type: str, namespace: str | None, name: str, meta: kopf.Meta, **_: Any
+) -> None:
+    # Wake only for a new spec (generation) or a deletion: our own status writes and kopf's
+    # finalizer patches also arrive here, and reacting to them would double every reconcile.
+    key = (namespace or "", name)
+    generation = meta.get("generation")
+    if type == "DELETED":
+        _generations.pop(key, None)
+        return
+    if _generations.get(key) != generation:
+        _generations[key] = generation
+        _wake(namespace, name)
 
 
 def _node_lookup(index: kopf.Index[str, str | None]) -> Any:
@@ -108,7 +129,7 @@ async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: floa
     return woken in done
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_backoff=5.0, cancellation_timeout=10.0)
 async def run_job(
     namespace: str | None,
     name: str,
@@ -128,7 +149,8 @@ async def run_job(
             wake.clear()
             try:
                 delay = await loop.run_in_executor(
-                    None, functools.partial(controller.reconcile_job, namespace, name, lookup)
+                    RECONCILE_POOL,
+                    functools.partial(controller.reconcile_job, namespace, name, lookup),
                 )
             except Exception:  # never let one bad reconcile kill the loop; retry soon
                 log.exception("reconcile of %s/%s failed; retrying", namespace, name)
@@ -141,10 +163,10 @@ async def run_job(
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-def cleanup(namespace: str | None, name: str, **_: Any) -> None:
+def cleanup(namespace: str | None, name: str, status: kopf.Status, **_: Any) -> None:
     """Delete every child now, rather than waiting for the garbage collector."""
     controller = _controller()
-    if namespace is None:
-        return
+    controller.metrics.forget(namespace or "", name)
+    if namespace is None or not status.get("startTime"):
+        return  # never started (e.g. an invalid spec): it has no children
     controller.kube.delete_children(namespace, name)
-    controller.metrics.forget(namespace, name)

@@ -253,8 +253,9 @@ class _Machine:
         self.out.attempt = n
         if self.st.get("phase") is None:
             self.st["phase"] = "Pending"
-            self.st["startTime"] = format_time(self.now)
             self.event("Normal", "Created", f"planned {p.layout_string()}: {p.nodes} pods")
+        # Set before any child exists: the delete handler skips jobs that never started.
+        self.st.setdefault("startTime", format_time(self.now))
         current = [x for x in self.w.pods if x.attempt == n and self.mine(x)]
         stale = [x for x in self.w.pods if x not in current]
         self.delete(stale)
