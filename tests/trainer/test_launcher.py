@@ -79,6 +79,15 @@ def test_bad_config_fails_fast(breakage: Any, expected: str, tmp_path: Path) -> 
     assert not (tmp_path / "ckpt").exists()
 
 
+def test_unwritable_checkpoint_dir(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    cfg = tiny_config(blocker / "ckpt")
+    code, output, _ = launch(cfg, tmp_path)
+    assert code == EXIT_CONFIG
+    assert f"checkpoint.dir: cannot write to {blocker / 'ckpt'}" in output
+
+
 def test_missing_env_is_a_config_error(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path / "ckpt")
     code, output, _ = launch(cfg, tmp_path, MASTER_ADDR="", NODE_RANK="3")

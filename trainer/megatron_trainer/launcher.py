@@ -182,12 +182,30 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
+def _check_writable(directory: str) -> None:
+    """Checkpoints, TensorBoard and data caches go here: fail now, not after minutes of start-up."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, f".write-test-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.unlink(probe)
+    except OSError as err:
+        raise ConfigError(
+            [
+                f"checkpoint.dir: cannot write to {directory} ({err.strerror}); mount a writable "
+                "volume there (ReadWriteMany when the job has several pods)"
+            ]
+        ) from err
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the container command. Returns the pod's exit code."""
     try:
         env = runtime_env(os.environ)
         config = load_config(env.config_path)
         validate(config, env)
+        _check_writable(config.checkpoint.dir)
     except ConfigError as err:
         print(f"megatron_trainer: {err}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
