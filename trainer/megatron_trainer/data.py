@@ -7,8 +7,12 @@ checkpoint stores: a resumed run reads exactly the samples the lost run would ha
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -79,6 +83,7 @@ def build_dataset(cfg: TrainerConfig, num_samples: int) -> Dataset[Any]:
         )
     prefixes = [entry.prefix for entry in cfg.data.blend]
     weights = [entry.weight for entry in cfg.data.blend]
+    cache = IndexCache(cfg, num_samples)
     dataset_config = GPTDatasetConfig(
         random_seed=cfg.training.seed,
         sequence_length=m.seq_length,
@@ -86,7 +91,7 @@ def build_dataset(cfg: TrainerConfig, num_samples: int) -> Dataset[Any]:
         split=cfg.data.split,
         # Index caches go to the (writable, shared) checkpoint volume: the data volume may be
         # read-only, and a restarted job reuses them instead of rebuilding.
-        path_to_cache=os.path.join(cfg.checkpoint.dir, "data-cache"),
+        path_to_cache=str(cache.path),
         tokenizer=tokenizer,
         reset_position_ids=False,
         reset_attention_mask=False,
@@ -96,9 +101,47 @@ def build_dataset(cfg: TrainerConfig, num_samples: int) -> Dataset[Any]:
     train, _, _ = BlendedMegatronDatasetBuilder(
         GPTDataset, [num_samples, 0, 0], lambda: True, dataset_config
     ).build()
+    cache.commit()
     if train is None:
         raise ConfigError([f"data.split: {cfg.data.split!r} leaves no training documents"])
     return train  # type: ignore[no-any-return]
+
+
+class IndexCache:
+    """Megatron's dataset index caches, made safe against a kill while they are written.
+
+    Megatron writes its .npy index files in place and trusts any that exist, so a kill during the
+    first build would leave a truncated file that fails every restart. We let it write into
+    `<fingerprint>.partial` and rename that to `<fingerprint>` (with a `.complete` marker) only
+    after every rank has built from it. Collective: every rank constructs and commits.
+    """
+
+    def __init__(self, cfg: TrainerConfig, num_samples: int) -> None:
+        key = {
+            "blend": [(e.prefix, e.weight) for e in cfg.data.blend or ()],
+            "tokenizer": cfg.data.tokenizer_path,
+            "split": cfg.data.split,
+            "seqLength": cfg.model.seq_length,
+            "seed": cfg.training.seed,
+            "samples": num_samples,
+        }
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        root = Path(cfg.checkpoint.dir) / "data-cache"
+        self.final, self.partial = root / digest, root / f"{digest}.partial"
+        self.rank = torch.distributed.get_rank()
+        if self.rank == 0 and not (self.final / ".complete").exists():
+            shutil.rmtree(self.partial, ignore_errors=True)  # from a build that was killed
+        torch.distributed.barrier()
+        self.ready = (self.final / ".complete").exists()
+        self.path = self.final if self.ready else self.partial
+
+    def commit(self) -> None:
+        torch.distributed.barrier()  # every rank has read the indices it needs
+        if self.rank == 0 and not self.ready:
+            (self.partial / ".complete").touch()
+            shutil.rmtree(self.final, ignore_errors=True)
+            os.replace(self.partial, self.final)
+        torch.distributed.barrier()
 
 
 class DataParallelBatchSampler(Sampler[list[int]]):
