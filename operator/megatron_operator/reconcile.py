@@ -194,6 +194,8 @@ class _Machine:
         if phase == SUSPENDED:
             self.resume()
         self.active(job, p)
+        if self.st.get("phase") in (SUCCEEDED, FAILED):
+            self.ttl(job)  # it just finished: schedule the TTL now, not at the next resync
         return self.done()
 
     def invalid(self, errors: list[FieldError]) -> None:
@@ -219,6 +221,9 @@ class _Machine:
         # Nothing may hold a GPU after the end; failed jobs also drop their finished pods.
         doomed = self.w.pods if phase == FAILED else [p for p in self.w.pods if p.active]
         self.delete(doomed)
+        self.ttl(job)
+
+    def ttl(self, job: MegatronJob) -> None:
         ttl = job.spec.ttl_seconds_after_finished
         done_at = parse_time(self.st.get("completionTime"))
         if ttl is not None and done_at is not None:

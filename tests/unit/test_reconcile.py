@@ -153,13 +153,14 @@ def test_stale_progress_annotation_hangs_after_timeout_from_running() -> None:
 
 
 def test_success_and_ttl() -> None:
-    sim = _sim({"ttlSecondsAfterFinished": 100})
+    sim = _sim({"ttlSecondsAfterFinished": 30})
     _running(sim)
     sim.succeed_all()
     out = sim.step()
     assert sim.status["phase"] == "Succeeded"
     assert out.delete_pods == []  # finished pods hold no GPU: kept for their logs
-    sim.tick(99)
+    assert 29 < out.requeue_after <= 30.1  # woken for the TTL, not at the next resync
+    sim.tick(29)
     assert not sim.step().delete_job
     sim.tick(2)
     assert sim.step().delete_job
