@@ -180,7 +180,6 @@ class Checkpointer:
         self.rank = torch.distributed.get_rank()
         self.async_queue = AsyncCallsQueue() if cfg.checkpoint.async_save else None
         self.newest: int | None = None  # newest complete checkpoint (for progress reports)
-        self.pending: int | None = None  # iteration of an async save in flight
         self.save_strategy: Any = None
         p = cfg.parallelism
         self.layout = {
@@ -354,14 +353,12 @@ class Checkpointer:
                 write_tracker(self.root, iteration)
                 self._prune(iteration)
             self.newest = iteration
-            self.pending = None
             log.info("checkpoint %d complete (%s)", iteration, path)
 
         if use_async:
             assert request is not None and self.async_queue is not None
             request.add_finalize_fn(finished)
             self.async_queue.schedule_async_request(request)
-            self.pending = iteration
             log.info(
                 "checkpoint %d: async save started (%.2fs stall)",
                 iteration,

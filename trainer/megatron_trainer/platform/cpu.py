@@ -79,7 +79,7 @@ PATCHED_MODULES: dict[str, str] = {
 
 _hits: Counter[str] = Counter()
 _hits_lock = threading.Lock()
-_installed: dict[str, dict[str, Any]] = {}  # module name -> the globals we replaced
+_installed: set[str] = set()  # patch sites already installed (install() is idempotent)
 
 
 def _hit(module: str, api: str) -> None:
@@ -245,8 +245,8 @@ def _write_report(directory: str) -> None:
         json.dump(patch_hits(), f, indent=1, sort_keys=True)
 
 
-def install(modules: dict[str, str] | None = None) -> None:
-    """Install the stand-ins (idempotent). `modules` defaults to PATCHED_MODULES.
+def install() -> None:
+    """Install every patch (idempotent).
 
     With MEGATRON_CPU_PATCH_REPORT=DIR, each process writes its `patch_hits()` to DIR at exit
     (a diagnostic for tests and for re-verifying the patches on a new Megatron-Core).
@@ -255,7 +255,7 @@ def install(modules: dict[str, str] | None = None) -> None:
     report_dir = os.environ.get(REPORT_ENV)
     if report_dir and not _installed:
         atexit.register(_write_report, report_dir)
-    for name in modules or PATCHED_MODULES:
+    for name in PATCHED_MODULES:
         if name in _installed:
             continue
         module = importlib.import_module(name)
@@ -265,7 +265,7 @@ def install(modules: dict[str, str] | None = None) -> None:
             # torch.cuda.default_generators directly; on CPU the CPU generator is the state.
             replacements["_get_cuda_rng_state"] = _cpu_rng_state_getter(name)
             replacements["_set_cuda_rng_state"] = _cpu_rng_state_setter(name)
-        _installed[name] = {key: getattr(module, key) for key in replacements}
+        _installed.add(name)
         for key, value in replacements.items():
             setattr(module, key, value)
     for module_name, path in TYPE_NAME_PATCHES:
@@ -274,7 +274,7 @@ def install(modules: dict[str, str] | None = None) -> None:
             continue
         owner, attribute = _resolve(module_name, path)
         original = getattr(owner, attribute)
-        _installed[key] = {"owner": owner, "attribute": attribute, "original": original}
+        _installed.add(key)
         setattr(owner, attribute, _with_cuda_type_names(f"{module_name}.{path}", original))
 
 
@@ -284,15 +284,3 @@ def _resolve(module_name: str, path: str) -> tuple[Any, str]:
     for parent in parents:
         owner = getattr(owner, parent)
     return owner, attribute
-
-
-def uninstall() -> None:
-    """Undo `install` (used by the platform test to show the patches are needed)."""
-    for name, saved in list(_installed.items()):
-        if "original" in saved:
-            setattr(saved["owner"], saved["attribute"], saved["original"])
-        else:
-            module = importlib.import_module(name)
-            for key, value in saved.items():
-                setattr(module, key, value)
-        del _installed[name]
