@@ -12,20 +12,30 @@ import asyncio
 import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
 from .api.job import GROUP, PLURAL, VERSION
 from .controller import Controller
-from .names import DOMAIN, FINALIZER, LABEL_JOB_NAME
-from .observe import node_not_ready_since
+from .names import DOMAIN, FINALIZER
+from .watch import NodeReadiness, Watcher, node_watcher, pod_watchers
 
 log = logging.getLogger(__name__)
 
-# Set by the CLI before kopf starts (one API client and one Controller per process).
-CONTROLLER: Controller | None = None
+
+@dataclass
+class Runtime:
+    """Process-wide state, set by the CLI before kopf starts: one API client, one Controller."""
+
+    controller: Controller | None = None
+    namespaces: tuple[str, ...] = ()  # empty: the whole cluster
+    nodes: NodeReadiness | None = None
+    watchers: list[Watcher] = field(default_factory=list)
+
+
+RUNTIME = Runtime()
 # Reconciles run in threads (the API client is synchronous). asyncio's default pool has
 # min(32, cores + 4) threads: far too few when hundreds of jobs are reconciled at once.
 RECONCILE_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="reconcile")
@@ -41,9 +51,9 @@ def _wake(namespace: str | None, name: str | None) -> None:
 
 
 def _controller() -> Controller:
-    if CONTROLLER is None:
+    if RUNTIME.controller is None:
         raise kopf.PermanentError("the operator was started without a controller")
-    return CONTROLLER
+    return RUNTIME.controller
 
 
 @kopf.on.startup()
@@ -61,25 +71,36 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.background.instant_exit_timeout = 2.0
 
 
-@kopf.index("", "v1", "nodes")
-def node_readiness(name: str, body: kopf.Body, **_: Any) -> dict[str, str | None]:
-    """Node name → since when it is NotReady (None while Ready). Kept in memory by kopf."""
-    since = node_not_ready_since(dict(body), datetime.now(UTC))
-    return {name: since.isoformat() if since else None}
+@kopf.on.startup()
+async def start_watches(**_: Any) -> None:
+    """Pods and nodes are watched by light threads (watch.py), not through kopf."""
+    controller = _controller()
+    loop = asyncio.get_running_loop()
+
+    def wake(namespace: str, name: str) -> None:
+        loop.call_soon_threadsafe(_wake, namespace, name)
+
+    def wake_all() -> None:
+        loop.call_soon_threadsafe(_wake_all)
+
+    RUNTIME.nodes = NodeReadiness(wake_all)
+    RUNTIME.watchers = [
+        *pod_watchers(controller.kube, list(RUNTIME.namespaces), wake),
+        node_watcher(controller.kube, RUNTIME.nodes),
+    ]
+    for w in RUNTIME.watchers:
+        w.start()
 
 
-@kopf.on.event("", "v1", "nodes")
-async def node_changed(type: str, body: kopf.Body, **_: Any) -> None:
-    # A node that turns NotReady or disappears may hold pods of any job: wake them all.
-    ready = node_not_ready_since(dict(body), datetime.now(UTC)) is None
-    if type == "DELETED" or not ready:
-        for event in _wakeups.values():
-            event.set()
+@kopf.on.cleanup()
+def stop_watches(**_: Any) -> None:
+    for w in RUNTIME.watchers:
+        w.stop()
 
 
-@kopf.on.event("", "v1", "pods", labels={LABEL_JOB_NAME: kopf.PRESENT})
-async def pod_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
-    _wake(namespace, labels.get(LABEL_JOB_NAME))
+def _wake_all() -> None:
+    for event in _wakeups.values():
+        event.set()
 
 
 _generations: dict[tuple[str, str], int | None] = {}
@@ -99,18 +120,6 @@ async def job_changed(
     if _generations.get(key) != generation:
         _generations[key] = generation
         _wake(namespace, name)
-
-
-def _node_lookup(index: kopf.Index[str, str | None]) -> Any:
-    def lookup(node: str) -> tuple[bool, datetime | None]:
-        store = index.get(node)
-        if store is None:
-            return False, None
-        values = list(store)
-        since = values[0] if values else None
-        return True, datetime.fromisoformat(since) if since else None
-
-    return lookup
 
 
 async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> bool:
@@ -134,16 +143,15 @@ async def run_job(
     namespace: str | None,
     name: str,
     stopped: kopf.DaemonStopped,
-    **kwargs: Any,
+    **_: Any,
 ) -> None:
-    node_readiness: kopf.Index[str, str | None] = kwargs["node_readiness"]
     controller = _controller()
     if namespace is None:
         raise kopf.PermanentError("MegatronJob is namespaced; got an object without a namespace")
     key = (namespace, name)
     wake = _wakeups.setdefault(key, asyncio.Event())
     loop = asyncio.get_running_loop()
-    lookup = _node_lookup(node_readiness)
+    lookup = RUNTIME.nodes.lookup if RUNTIME.nodes is not None else None
     try:
         while not stopped:
             wake.clear()

@@ -139,6 +139,30 @@ class Kube:
             lambda: self.core.delete_namespaced_pod(name, namespace, _preload_content=False)
         )
 
+    # --- watches (raw streams; watch.py parses them)
+    def watch_pods(self, namespace: str | None, version: str | None, timeout: int) -> Any:
+        """A watch stream of pods with our job label, in one namespace or all."""
+        kw = self._watch_args(version, timeout)
+        kw["label_selector"] = LABEL_JOB_NAME
+        if namespace is None:
+            return self.core.list_pod_for_all_namespaces(**kw)
+        return self.core.list_namespaced_pod(namespace, **kw)
+
+    def watch_nodes(self, version: str | None, timeout: int) -> Any:
+        return self.core.list_node(**self._watch_args(version, timeout))
+
+    @staticmethod
+    def _watch_args(version: str | None, timeout: int) -> dict[str, Any]:
+        kw: dict[str, Any] = {
+            "watch": True,
+            "allow_watch_bookmarks": True,
+            "timeout_seconds": timeout,
+            "_preload_content": False,
+        }
+        if version:
+            kw["resource_version"] = version
+        return kw
+
     # --- the other children
     def ensure_children(self, objs: list[Obj]) -> None:
         """Get-or-create the non-pod children. The ConfigMap and the Role are replaced, since a

@@ -56,7 +56,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     settings = Settings(node_lost_grace_seconds=args.node_lost_grace_seconds)
-    handlers.CONTROLLER = Controller(Kube.connect(workers=args.workers), metrics, settings)
+    handlers.RUNTIME.controller = Controller(Kube.connect(workers=args.workers), metrics, settings)
+    handlers.RUNTIME.namespaces = tuple(args.namespace)
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace,
