@@ -51,8 +51,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    print(f"machine: {platform.node()} {platform.processor() or platform.machine()}, "
-          f"python {platform.python_version()}")
+    print(
+        f"machine: {platform.node()} {platform.processor() or platform.machine()}, "
+        f"python {platform.python_version()}"
+    )
 
     big = _job(16384)
     p = plan(big.spec)
