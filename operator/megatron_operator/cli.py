@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import operator_cli
@@ -150,12 +150,22 @@ def _print_spec_error(source: str, exc: SpecError) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["preprocess"]:
+        # Everything after the word belongs to the trainer's own parser (--help included):
+        # argparse's REMAINDER cannot pass on leading options.
+        return _guard(lambda: cmd_preprocess(argparse.Namespace(rest=argv[1:])), None)
     parser = build_parser()
     args = parser.parse_args(argv)
+    return _guard(lambda: int(args.func(args)), getattr(args, "file", None))
+
+
+def _guard(run: Callable[[], int], source: str | None) -> int:
+    """Run a command, turning every expected failure into a message and an exit code."""
     try:
-        return int(args.func(args))
+        return run()
     except SpecError as exc:
-        _print_spec_error(getattr(args, "file", "the spec"), exc)
+        _print_spec_error(source or "the spec", exc)
         return EXIT_INVALID
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -38,7 +38,8 @@ class Runtime:
 RUNTIME = Runtime()
 # Reconciles run in threads (the API client is synchronous). asyncio's default pool has
 # min(32, cores + 4) threads: far too few when hundreds of jobs are reconciled at once.
-RECONCILE_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="reconcile")
+RECONCILE_WORKERS = 32
+RECONCILE_POOL = ThreadPoolExecutor(max_workers=RECONCILE_WORKERS, thread_name_prefix="reconcile")
 _wakeups: dict[tuple[str, str], asyncio.Event] = {}
 DEBOUNCE_SECONDS = 0.05  # let a burst of pod events land before observing
 

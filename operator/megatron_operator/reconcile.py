@@ -261,8 +261,10 @@ class _Machine:
             self.event("Normal", "Created", f"planned {p.layout_string()}: {p.nodes} pods")
         # Set before any child exists: the delete handler skips jobs that never started.
         self.st.setdefault("startTime", format_time(self.now))
-        current = [x for x in self.w.pods if x.attempt == n and self.mine(x)]
-        stale = [x for x in self.w.pods if x not in current]
+        current: list[PodView] = []
+        stale: list[PodView] = []
+        for x in self.w.pods:
+            (current if x.attempt == n and self.mine(x) else stale).append(x)
         self.delete(stale)
         self.copy_progress(job, current)
 
