@@ -124,19 +124,52 @@ def _wait(pred: Any, timeout: float, what: str, interval: float = 0.1) -> Any:
     raise TimeoutError(what)
 
 
-def _created(pods: list[dict[str, Any]]) -> datetime:
+def _created(pods: list[dict[str, Any]]) -> float:
+    """Wall time (epoch s) when the last of these pods was created, from creationTimestamp (1 s
+    resolution: figures are ±1 s). Polling a 1,024-pod list takes seconds here, so the poll time
+    would overstate the operator's time."""
     return max(
-        datetime.fromisoformat(p["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+        datetime.fromisoformat(
+            p["metadata"]["creationTimestamp"].replace("Z", "+00:00")
+        ).timestamp()
         for p in pods
     )
 
 
-def apply_to_created(b: Bench, ns: str, nodes: int) -> float:
-    name = f"apply{nodes}"
-    t0 = time.monotonic()
-    b.kubectl("apply", "-f", "-", input=json.dumps(b.job(ns, name, nodes)))
-    _wait(lambda: len(b.pods(ns, name)) == nodes, 300, f"{nodes} pods", interval=0.2)
-    return time.monotonic() - t0
+class Paused:
+    """SIGSTOP the scheduler and kwok: isolates operator + apiserver from the other control-
+    plane work competing for this machine's 2 cores."""
+
+    def __init__(self, b: Bench, on: bool) -> None:
+        self.pids = (
+            [
+                int((b.state / "pids" / f"{c}.pid").read_text().split()[0])
+                for c in ("kube-scheduler", "kwok")
+            ]
+            if on
+            else []
+        )
+
+    def __enter__(self) -> None:
+        for pid in self.pids:
+            os.kill(pid, signal.SIGSTOP)
+
+    def __exit__(self, *exc: object) -> None:
+        for pid in self.pids:
+            os.kill(pid, signal.SIGCONT)
+
+
+def apply_to_created(b: Bench, ns: str, nodes: int, isolate: bool) -> float:
+    name = f"apply{nodes}{'i' if isolate else ''}"
+    with Paused(b, isolate):
+        t0 = time.time()
+        b.kubectl("apply", "-f", "-", input=json.dumps(b.job(ns, name, nodes)))
+        items = _wait(
+            lambda: (p := b.pods(ns, name)) and len(p) == nodes and p, 300, f"{nodes} pods", 1.0
+        )
+    elapsed = _created(items) - t0
+    b.kubectl("delete", "mj", "-n", ns, name, "--wait=true")
+    return elapsed
 
 
 def failure_to_recreated(b: Bench, ns: str, nodes: int) -> float:
@@ -146,18 +179,19 @@ def failure_to_recreated(b: Bench, ns: str, nodes: int) -> float:
         lambda: sum(p["status"].get("phase") == "Running" for p in b.pods(ns, name)) == nodes,
         600,
         "running",
-        0.5,
+        1.0,
     )
     _wait(
         lambda: (
-            "Running"
-            == json.loads(b.kubectl("get", "mj", "-n", ns, name, "-o", "json"))
+            json.loads(b.kubectl("get", "mj", "-n", ns, name, "-o", "json"))
             .get("status", {})
             .get("phase")
+            == "Running"
         ),
         120,
         "phase",
     )
+    t0 = time.time()
     subprocess.run(
         [
             str(DRIVER),
@@ -172,15 +206,17 @@ def failure_to_recreated(b: Bench, ns: str, nodes: int) -> float:
         check=True,
         capture_output=True,
     )
-    t0 = time.monotonic()
 
-    def recreated() -> bool:
-        items = b.pods(ns, name)
-        new = [p for p in items if p["metadata"]["labels"]["megatron.dev/restart-attempt"] == "1"]
-        return len(new) == nodes
+    def recreated() -> list[dict[str, Any]] | None:
+        new = [
+            p
+            for p in b.pods(ns, name)
+            if p["metadata"]["labels"]["megatron.dev/restart-attempt"] == "1"
+        ]
+        return new if len(new) == nodes else None
 
-    _wait(recreated, 600, "attempt 1 pods", interval=0.2)
-    return time.monotonic() - t0
+    items = _wait(recreated, 600, "attempt 1 pods", interval=1.0)
+    return _created(items) - t0
 
 
 def peak_rss(b: Bench, ns: str, jobs: int, nodes: int) -> tuple[float, float]:
@@ -255,12 +291,13 @@ def main() -> int:
         for ns in ("bench-apply", "bench-restart", "bench-rss"):
             b.kubectl("create", "namespace", ns)
             b.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(PVC))
-        t = apply_to_created(b, "bench-apply", 1024)
-        print(
-            f"apply → 1,024 pods created: {t:.1f} s ({1024 / t:.0f} pods/s; goal ≤ 10 s)",
-            flush=True,
-        )
-        b.kubectl("delete", "mj", "-n", "bench-apply", "apply1024", "--wait=true")
+        for isolate in (False, True):
+            t = apply_to_created(b, "bench-apply", 1024, isolate)
+            how = "scheduler and kwok paused" if isolate else "scheduler and kwok running"
+            print(
+                f"apply → 1,024 pods created ({how}): {t:.1f} s ({1024 / max(t, 0.5):.0f} pods/s; goal ≤ 10 s)",
+                flush=True,
+            )
         for n, goal in ((128, 5), (1024, 30)):
             t = failure_to_recreated(b, "bench-restart", n)
             print(
