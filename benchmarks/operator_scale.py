@@ -48,6 +48,7 @@ class Bench:
     def kubectl(self, *args: str, input: str | None = None) -> str:
         proc = subprocess.run(
             [self.kubectl_path, *args],
+            check=False,
             input=input,
             capture_output=True,
             text=True,

@@ -110,3 +110,10 @@ def test_the_renderer_sets_exactly_the_reserved_env() -> None:
     names = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     assert names <= RESERVED_ENV
     assert RESERVED_ENV - names == {"MEGATRON_PROGRESS_FILE"}  # set only by mjob run --local
+
+
+def test_keep_zero_means_keep_all_on_both_sides(tmp_path: Path) -> None:
+    job = load_file(ROOT / "examples" / "cpu-tiny.yaml", ["checkpoint.keep=0"])
+    cm = next(o for o in render(job, plan(job.spec)) if o["kind"] == "ConfigMap")
+    (tmp_path / "c.json").write_text(cm["data"]["config.json"])
+    assert trainer_config.load_config(tmp_path / "c.json").checkpoint.keep == 0

@@ -378,7 +378,10 @@ class Checkpointer:
         return self.save_strategy
 
     def _prune(self, newest: int) -> None:
-        """Keep the `keep` newest complete checkpoints (rank 0, after `newest` is complete)."""
+        """Keep the `keep` newest complete checkpoints (rank 0, after `newest` is complete);
+        keep 0 keeps them all."""
+        if self.ckpt.keep == 0:
+            return
         older = [i for i in scan(self.root).complete if i < newest]
         for iteration in older[: max(0, len(older) - (self.ckpt.keep - 1))]:
             remove_dir(iteration_dir(self.root, iteration))

@@ -161,7 +161,7 @@ class CheckpointConfig:
     dir: str
     save_interval: int
     async_save: bool
-    keep: int
+    keep: int  # newest checkpoints kept; 0 keeps all
     sharding_type: str
     load: bool
 
@@ -550,7 +550,7 @@ def _parse_checkpoint(s: _Section) -> CheckpointConfig | None:
         "dir": s.text("dir"),
         "save_interval": s.integer("saveInterval"),
         "async_save": s.flag("async"),
-        "keep": s.integer("keep"),
+        "keep": s.integer("keep", minimum=0),  # 0 keeps every checkpoint
         "sharding_type": s.text("shardingType", SHARDING_TYPES),
         "load": s.flag("load"),
     }
