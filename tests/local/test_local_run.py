@@ -193,8 +193,8 @@ def test_twenty_random_kills_resume_bit_identical(tmp_path_factory: pytest.TempP
 
 
 def test_progress_lines_are_plain_when_not_a_tty(tmp_path: Path) -> None:
-    code, _, out = run_local(tmp_path, iters=3, save=100)
+    code, _, out = run_local(tmp_path, iters=6, save=100)
     assert code == 0
     assert "\x1b[" not in out  # no live redraw in a pipe
-    assert "[attempt 0] iteration 3/3" in out
+    assert "[attempt 0] iteration 6/6" in out
     assert os.path.exists(tmp_path / "checkpoints")
