@@ -198,3 +198,44 @@ def test_progress_lines_are_plain_when_not_a_tty(tmp_path: Path) -> None:
     assert "\x1b[" not in out  # no live redraw in a pipe
     assert "[attempt 0] iteration 6/6" in out
     assert os.path.exists(tmp_path / "checkpoints")
+
+
+def test_live_display_on_a_terminal(tmp_path: Path) -> None:
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "megatron_operator.cli",
+            "run",
+            TINY,
+            "--local",
+            "--workdir",
+            str(tmp_path),
+            "--set",
+            "training.trainIters=6",
+            "--set",
+            "checkpoint.saveInterval=100",
+        ],
+        cwd=ROOT,
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # the terminal closed: the process is done
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    assert proc.wait(timeout=300) == 0
+    screen = b"".join(chunks).decode(errors="replace")
+    assert "\x1b[" in screen  # redrawn in place
+    assert "MegatronJob cpu-tiny (local)" in screen and "6/6" in screen

@@ -415,10 +415,7 @@ def _python_errors(spec: dict[str, Any]) -> list[str]:
 
 
 def _cel_errors(spec: dict[str, Any]) -> list[str]:
-    return [
-        v.field.replace("spec.env[0]", "spec.env[0].name") if v.path == "spec.env[0]" else v.field
-        for v in check_spec(spec)
-    ]
+    return [v.field for v in check_spec(spec)]
 
 
 def _ids() -> list[str]:

@@ -329,6 +329,7 @@ NODE_RULES: Final[dict[str, list[dict[str, str]]]] = {
         rule(
             "!(self.name in [" + ", ".join(_lit(n) for n in sorted(RESERVED_ENV)) + "])",
             "this name is set by the operator (MASTER_ADDR, WORLD_SIZE, …): remove it from spec.env",
+            ".name",
         )
     ],
 }
