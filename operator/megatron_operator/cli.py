@@ -16,6 +16,7 @@ from typing import Any
 from . import operator_cli
 from .api import SpecError, load_file
 from .api.job import MegatronJob
+from .cliargs import add_spec_args
 from .layout import Plan, plan
 from .local import cli as local_cli
 from .yamlio import dump_yaml
@@ -41,18 +42,6 @@ def load_and_plan(path: str, overrides: list[str]) -> tuple[MegatronJob, Plan]:
     """Load a spec and plan it; every spec problem becomes a SpecError naming the fields."""
     job = load_file(path, overrides)
     return job, plan(job.spec)
-
-
-def _add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="MegatronJob YAML file")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="override a field, e.g. training.trainIters=1000 (repeatable; relative to spec)",
-    )
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -111,17 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check a spec; exit 2 with every problem")
-    _add_spec_args(p)
+    add_spec_args(p)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("plan", help="print the rank→node plan and memory estimate")
-    _add_spec_args(p)
+    add_spec_args(p)
     p.add_argument("-o", "--output", choices=["json", "yaml", "table"], default="table")
     p.add_argument("--max-nodes", type=int, default=16, help="nodes shown in the table")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("render", help="print the Kubernetes objects the operator creates")
-    _add_spec_args(p)
+    add_spec_args(p)
     p.add_argument("--restart-attempt", type=int, default=0, metavar="N")
     p.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
     p.set_defaults(func=cmd_render)

@@ -9,6 +9,7 @@ estimate meant to reject layouts that cannot fit, not to predict the allocator t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .resolve import ResolvedModel
 
@@ -28,6 +29,20 @@ class ParallelDegrees:
     dp: int
     edp: int
     sequence_parallel: bool
+
+    def to_api(self) -> dict[str, Any]:
+        """The degrees under the API's names (the plan's JSON and the trainer config)."""
+        return {
+            "tensor": self.tp,
+            "pipeline": self.pp,
+            "virtualPipeline": self.vpp,
+            "context": self.cp,
+            "expert": self.ep,
+            "expertTensor": self.etp,
+            "data": self.dp,
+            "expertData": self.edp,
+            "sequenceParallel": self.sequence_parallel,
+        }
 
 
 @dataclass(frozen=True)

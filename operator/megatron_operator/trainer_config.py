@@ -69,7 +69,7 @@ def _model(m: ResolvedModel, plan: Plan) -> dict[str, Any]:
 
 
 def trainer_config(job: MegatronJob, plan: Plan) -> dict[str, Any]:
-    s, d = job.spec, plan.degrees
+    s = job.spec
     t = s.training
     data = s.data
     return {
@@ -77,17 +77,7 @@ def trainer_config(job: MegatronJob, plan: Plan) -> dict[str, Any]:
         "kind": "TrainerConfig",
         "job": {"name": job.name, "namespace": job.namespace, "uid": job.metadata.uid},
         "model": _model(plan.model, plan),
-        "parallelism": {
-            "tensor": d.tp,
-            "pipeline": d.pp,
-            "virtualPipeline": d.vpp,
-            "context": d.cp,
-            "expert": d.ep,
-            "expertTensor": d.etp,
-            "data": d.dp,
-            "expertData": d.edp,
-            "sequenceParallel": d.sequence_parallel,
-        },
+        "parallelism": plan.degrees.to_api(),
         "training": {
             "globalBatchSize": t.global_batch_size,
             "microBatchSize": t.micro_batch_size,

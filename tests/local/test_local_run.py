@@ -35,10 +35,12 @@ def mjob(*args: str, timeout: float = 900, **kw: Any) -> subprocess.CompletedPro
     )
 
 
-def run_local(
-    workdir: Path, *extra: str, iters: int = 24, save: int = 4
-) -> tuple[int, dict[str, Any], str]:
-    proc = mjob(
+def run_argv(workdir: Path, *extra: str, iters: int = 24, save: int = 4) -> list[str]:
+    """`mjob run` of the CPU example, shortened."""
+    return [
+        sys.executable,
+        "-m",
+        "megatron_operator.cli",
         "run",
         TINY,
         "--local",
@@ -48,16 +50,18 @@ def run_local(
         f"training.trainIters={iters}",
         "--set",
         f"checkpoint.saveInterval={save}",
-        "--set",
-        "checkpoint.keep=0",
         *extra,
-    )
+    ]
+
+
+def run_local(
+    workdir: Path, *extra: str, iters: int = 24, save: int = 4
+) -> tuple[int, dict[str, Any], str]:
+    argv = run_argv(workdir, "--set", "checkpoint.keep=0", *extra, iters=iters, save=save)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False, cwd=ROOT)
     output = proc.stdout + proc.stderr
-    summary = (
-        json.loads((workdir / "summary.json").read_text())
-        if (workdir / "summary.json").exists()
-        else {}
-    )
+    path = workdir / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
     return proc.returncode, summary, output
 
 
@@ -99,22 +103,12 @@ def test_two_injected_failures_resume_bit_identical(
 
 
 def test_sigterm_checkpoints_and_a_second_run_resumes(tmp_path: Path) -> None:
-    args = [
-        sys.executable,
-        "-m",
-        "megatron_operator.cli",
-        "run",
-        TINY,
-        "--local",
-        "--workdir",
-        str(tmp_path),
-        "--set",
-        "training.trainIters=40",
-        "--set",
-        "checkpoint.saveInterval=100",
-    ]
     proc = subprocess.Popen(
-        args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        run_argv(tmp_path, iters=40, save=100),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     progress = tmp_path / "progress.jsonl"
     deadline = time.monotonic() + 300
@@ -205,20 +199,7 @@ def test_live_display_on_a_terminal(tmp_path: Path) -> None:
 
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "megatron_operator.cli",
-            "run",
-            TINY,
-            "--local",
-            "--workdir",
-            str(tmp_path),
-            "--set",
-            "training.trainIters=6",
-            "--set",
-            "checkpoint.saveInterval=100",
-        ],
+        run_argv(tmp_path, iters=6, save=100),
         cwd=ROOT,
         stdin=follower,
         stdout=follower,

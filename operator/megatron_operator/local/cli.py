@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_operator.api import FieldError, SpecError, load_file
+from megatron_operator.cliargs import add_spec_args
 from megatron_operator.layout import plan
 
 
@@ -18,7 +19,7 @@ def register(sub: Any) -> None:
         "run",
         help="run a MegatronJob (locally, as processes, with the operator's restart semantics)",
     )
-    p.add_argument("file", help="MegatronJob YAML file")
+    add_spec_args(p)
     p.add_argument(
         "--local",
         action="store_true",
@@ -27,14 +28,6 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--workdir", help="where checkpoints, logs and summary.json go (default runs/<job>)"
-    )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="override a field, e.g. training.trainIters=100 (repeatable)",
     )
     p.add_argument(
         "--inject-failure",
