@@ -10,12 +10,13 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from .kube import Conflict, Kube
+from .kube import Conflict, Kube, Rejected
 from .metrics import Metrics
 from .observe import parse_time, pod_view
 from .reconcile import Outcome, Settings, World, reconcile
@@ -103,7 +104,17 @@ class Controller:
             accepted_spec=accepted,
         )
         out = reconcile(world, self.settings)
-        self._apply(job, out)
+        try:
+            self._apply(job, out)
+        except Rejected as exc:
+            # Our own status write above moved the resourceVersion: read the job again, and
+            # let the state machine fail it with the apiserver's reason.
+            log.warning("%s/%s: the apiserver rejected its objects: %s", namespace, name, exc)
+            fresh = self.kube.get_job(namespace, name)
+            if fresh is None:
+                return self.settings.resync_seconds
+            out = reconcile(replace(world, job=fresh, rejection=str(exc)), self.settings)
+            self._apply(fresh, out)
         return out.requeue_after
 
     def _apply(self, job: dict[str, object], out: Outcome) -> None:

@@ -30,6 +30,19 @@ class Conflict(Exception):
     """The object changed since it was read (resourceVersion mismatch): observe again."""
 
 
+class Rejected(Exception):
+    """The apiserver refused an object rendered from the spec as invalid (422): retrying the
+    same spec cannot help."""
+
+
+def _rejected(exc: ApiException) -> Rejected:
+    try:
+        message = str(json.loads(exc.body or "").get("message", exc.reason))
+    except (TypeError, ValueError, AttributeError):
+        message = str(exc.reason)
+    return Rejected(message[:2000])
+
+
 def _call(method: Any, *args: Any, **kwargs: Any) -> bytes:
     """Call an API method for its raw bytes, and give the connection back to the pool.
 
@@ -145,6 +158,8 @@ class Kube:
         except ApiException as exc:
             if exc.status == 409:
                 return 0
+            if exc.status == 422:
+                raise _rejected(exc) from None
             raise
 
     def delete_pods(self, namespace: str, names: Iterable[str]) -> None:
@@ -210,6 +225,8 @@ class Kube:
         try:
             _call(create, ns, obj)
         except ApiException as exc:
+            if exc.status == 422:
+                raise _rejected(exc) from None
             if exc.status != 409:
                 raise
 
@@ -219,6 +236,8 @@ class Kube:
         try:
             _call(create, ns, obj)
         except ApiException as exc:
+            if exc.status == 422:
+                raise _rejected(exc) from None
             if exc.status != 409:
                 raise
             _call(replace, name, ns, obj)

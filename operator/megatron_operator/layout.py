@@ -141,6 +141,14 @@ class Plan:
         return out
 
 
+STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+
+
+def valid_resource_name(name: str) -> bool:
+    """What the apiserver accepts in a container's requests and limits."""
+    return name in STANDARD_RESOURCES or name.startswith("hugepages-") or "/" in name
+
+
 def _divisors(n: int) -> list[int]:
     return [i for i in range(1, n + 1) if n % i == 0]
 
@@ -414,6 +422,14 @@ def _rules_objects(c: _Ctx) -> Iterator[FieldError]:
     for i, env in enumerate(s.env):
         if env.name in RESERVED_ENV:
             yield _e(f"env[{i}].name", f"{env.name} is set by the operator; remove it")
+    for kind in ("requests", "limits"):
+        bad = [k for k in getattr(s.resources, kind) if not valid_resource_name(k)]
+        if bad:
+            yield _e(
+                f"resources.{kind}",
+                f"{', '.join(repr(k) for k in bad)}: not a Kubernetes resource name; use cpu, "
+                "memory, ephemeral-storage, hugepages-<size>, or a qualified name like rdma/ib",
+            )
     gpu = s.resources.accelerator
     for kind in ("requests", "limits"):
         if gpu != "none" and gpu in getattr(s.resources, kind):

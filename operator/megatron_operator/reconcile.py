@@ -63,6 +63,8 @@ class World:
     not_ready_nodes: Mapping[str, datetime] = field(default_factory=dict)  # name → since
     known_nodes: frozenset[str] | None = None  # None: not known, skip the missing-node check
     accepted_spec: Mapping[str, Any] | None = None  # the spec the current attempt runs
+    # The apiserver refused the objects rendered from this spec (a 422), with its message.
+    rejection: str | None = None
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,13 @@ class _Machine:
     def run(self) -> Outcome:
         phase = self.st.get("phase")
         job, p, errors = _validate(self.w, phase)
-        if job is None or p is None:
+        if self.w.rejection is not None:
+            errors = [
+                FieldError(
+                    "spec", f"the apiserver rejected the pods rendered from it: {self.w.rejection}"
+                )
+            ]
+        if job is None or p is None or errors:
             self.invalid(errors)
             return self.done()
         self.st["observedGeneration"] = self.generation

@@ -289,3 +289,16 @@ def test_reconcile_never_raises(spec: dict[str, Any], status: Any, base: bool) -
         "Succeeded",
         None,
     )
+
+
+def test_a_spec_the_apiserver_rejects_fails_with_its_reason() -> None:
+    from dataclasses import replace
+
+    sim = _sim()
+    world = replace(sim.world(), rejection='Pod "job-0" is invalid: spec.nodeSelector: bad key')
+    out = reconcile(world)
+    assert out.status["phase"] == "Failed"
+    failed = next(c for c in out.status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert "apiserver rejected" in failed["message"] and "nodeSelector" in failed["message"]
+    assert out.create_ranks == []

@@ -368,6 +368,20 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         True,
     ),
     (
+        "requests are Kubernetes resource names",
+        "spec.resources.requests",
+        {"resources.requests": {"cpu": "8", "hugepages-2Mi": "1Gi", "rdma/ib": 1}},
+        {"resources.requests": {"cpu": "8", "mock": 1}},
+        True,
+    ),
+    (
+        "limits are Kubernetes resource names",
+        "spec.resources.limits",
+        {"resources.limits": {"memory": "1Ti"}},
+        {"resources.limits": {"gpus": 8}},
+        True,
+    ),
+    (
         "env does not shadow the contract",
         "spec.env[0].name",
         {"env": [{"name": "NCCL_DEBUG", "value": "WARN"}]},

@@ -325,6 +325,17 @@ NODE_RULES: Final[dict[str, list[dict[str, str]]]] = {
             "data must be auto or a positive integer",
         )
     ],
+    **{
+        f"spec.resources.{kind}": [
+            rule(
+                "self.all(k, k in ['cpu', 'memory', 'ephemeral-storage'] || "
+                "k.startsWith('hugepages-') || k.contains('/'))",
+                "not a Kubernetes resource name: use cpu, memory, ephemeral-storage, "
+                "hugepages-<size>, or a qualified name like rdma/ib",
+            )
+        ]
+        for kind in ("requests", "limits")
+    },
     "spec.env[]": [
         rule(
             "!(self.name in [" + ", ".join(_lit(n) for n in sorted(RESERVED_ENV)) + "])",
