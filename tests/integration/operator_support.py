@@ -152,7 +152,9 @@ def tiny_gpu_job(name: str, nodes: int = 2, **spec: Any) -> dict[str, Any]:
             "resources": {"nodes": nodes, "procsPerNode": 8},
             # The cluster's default StorageClass provisions hostPath volumes on demand.
             "checkpoint": {"volume": {"create": {"size": "1Gi"}}, "gracePeriodSeconds": 1},
-            "restartPolicy": {"backoffSeconds": 1, "maxBackoffSeconds": 2},
+            # A 2 s backoff also keeps clear of kwok, which can replay a stale delete of an old
+            # pod onto the next attempt's pod of the same name within about a second.
+            "restartPolicy": {"backoffSeconds": 2, "maxBackoffSeconds": 4},
         },
     }
     _merge(doc["spec"], spec)
