@@ -11,10 +11,10 @@ import json
 import random
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +26,8 @@ from .conftest import Cluster
 from .operator_support import Op, install_crd, tiny_gpu_job
 
 N_SPECS = 2000
+CR = ("megatron.dev", "v1alpha1")
+PLURAL = "megatronjobs"
 
 
 def permissive_crd() -> dict[str, Any]:
@@ -169,14 +171,19 @@ def test_random_specs_end_valid_or_invalidspec(
     assert len(docs) >= N_SPECS
     random.Random(7).shuffle(docs)
 
+    import kubernetes
+
+    custom = kubernetes.client.CustomObjectsApi(cluster.api_client())
     op = Op(cluster, tmp_path_factory.mktemp("fuzz"))
     op.start()
     t0 = time.monotonic()
     try:
-        for i in range(0, len(docs), 250):
-            batch = {"apiVersion": "v1", "kind": "List", "items": docs[i : i + 250]}
-            cluster.kubectl(
-                "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(batch), timeout=300
+        with ThreadPoolExecutor(16) as pool:  # kubectl apply sends them one at a time
+            list(
+                pool.map(
+                    lambda d: custom.create_namespaced_custom_object(*CR, namespace, PLURAL, d),
+                    docs,
+                )
             )
 
         def settled() -> list[dict[str, Any]] | None:
@@ -212,8 +219,14 @@ def test_random_specs_end_valid_or_invalidspec(
     finally:
         # Delete while the operator runs, so its finalizer is removed and nothing lingers.
         start = time.monotonic()
-        cluster.kubectl(
-            "delete", "mj", "--all", "-n", namespace, "--wait=true", check=False, timeout=600
+        custom.delete_collection_namespaced_custom_object(*CR, namespace, PLURAL)
+        cluster.wait(
+            lambda: (
+                not custom.list_namespaced_custom_object(*CR, namespace, PLURAL, limit=1)["items"]
+            ),
+            600,
+            interval=2,
+            what="every fuzz job deleted",
         )
         print(f"deleted {len(docs)} fuzz jobs in {time.monotonic() - start:.1f}s")
         op.stop()
