@@ -195,52 +195,29 @@ class Kube:
 
     # --- the other children
     def ensure_children(self, objs: list[Obj]) -> None:
-        """Get-or-create the non-pod children. The ConfigMap and the Role are replaced, since a
-        new attempt may run a changed spec (e.g. a resize while suspended)."""
+        """Get-or-create the non-pod children. The ConfigMap and the Role are replaced when they
+        exist, since a new attempt may run a changed spec (e.g. a resize while suspended)."""
+        core, rbac = self.core, self.rbac
+        methods: dict[str, tuple[Any, Any]] = {
+            "ConfigMap": (core.create_namespaced_config_map, core.replace_namespaced_config_map),
+            "Role": (rbac.create_namespaced_role, rbac.replace_namespaced_role),
+            "ServiceAccount": (core.create_namespaced_service_account, None),
+            "Service": (core.create_namespaced_service, None),
+            "PersistentVolumeClaim": (core.create_namespaced_persistent_volume_claim, None),
+            "RoleBinding": (rbac.create_namespaced_role_binding, None),
+        }
         for obj in objs:
-            kind = obj["kind"]
-            if kind == "ConfigMap":
-                self._upsert(
-                    obj,
-                    create=self.core.create_namespaced_config_map,
-                    replace=self.core.replace_namespaced_config_map,
-                )
-            elif kind == "Role":
-                self._upsert(
-                    obj,
-                    create=self.rbac.create_namespaced_role,
-                    replace=self.rbac.replace_namespaced_role,
-                )
-            else:
-                self._create(obj)
-
-    def _create(self, obj: Obj) -> None:
-        ns = obj["metadata"]["namespace"]
-        create: Any = {
-            "ServiceAccount": self.core.create_namespaced_service_account,
-            "Service": self.core.create_namespaced_service,
-            "PersistentVolumeClaim": self.core.create_namespaced_persistent_volume_claim,
-            "RoleBinding": self.rbac.create_namespaced_role_binding,
-        }[obj["kind"]]
-        try:
-            _call(create, ns, obj)
-        except ApiException as exc:
-            if exc.status == 422:
-                raise _rejected(exc) from None
-            if exc.status != 409:
-                raise
-
-    @staticmethod
-    def _upsert(obj: Obj, create: Any, replace: Any) -> None:
-        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
-        try:
-            _call(create, ns, obj)
-        except ApiException as exc:
-            if exc.status == 422:
-                raise _rejected(exc) from None
-            if exc.status != 409:
-                raise
-            _call(replace, name, ns, obj)
+            create, replace = methods[obj["kind"]]
+            ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+            try:
+                _call(create, ns, obj)
+            except ApiException as exc:
+                if exc.status == 422:
+                    raise _rejected(exc) from None
+                if exc.status != 409:
+                    raise
+                if replace is not None:
+                    _call(replace, name, ns, obj)
 
     def accepted_spec(self, namespace: str, job: str) -> Obj | None:
         """The spec the running attempt was started from (kept in the job's ConfigMap)."""
