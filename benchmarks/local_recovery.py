@@ -32,7 +32,7 @@ def one_run(workdir: Path) -> tuple[float, float]:
         [
             sys.executable,
             "-m",
-            "megatron_operator.cli",
+            "megatron_operator.cli.main",
             "run",
             str(REPO / "examples" / "cpu-tiny.yaml"),
             "--local",

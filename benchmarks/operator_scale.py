@@ -71,7 +71,7 @@ class Bench:
         )
         self.kubectl("wait", "--for=condition=Established", "crd/megatronjobs.megatron.dev")
         self.op = subprocess.Popen(
-            [sys.executable, "-m", "megatron_operator.cli", "operator", "--metrics-port=0"],
+            [sys.executable, "-m", "megatron_operator.cli.main", "operator", "--metrics-port=0"],
             env=self.env,
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,

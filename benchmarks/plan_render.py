@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from megatron_operator.api import load_job
-from megatron_operator.layout import plan
-from megatron_operator.render import render
+from megatron_operator.core.planner import plan
+from megatron_operator.core.render import render
 
 
 def _job(nodes: int) -> Any:

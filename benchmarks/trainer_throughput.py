@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "trainer"))
 
-from megatron_trainer.config import parse_config  # noqa: E402 - after the path tweak
+from megatron_contract.config import parse_config  # noqa: E402 - after the path tweak
 from megatron_trainer.flops import flops_per_step  # noqa: E402
 
 PEAK_NOTE = "MFU against the dense bf16 peak (H100/H200 SXM: 989 TFLOP/s)"

@@ -1,8 +1,9 @@
 """The operator ↔ trainer contract (docs/contract.md), checked from both sides.
 
-The two packages share no imports; this test is where they meet. It renders pods with the
-operator's renderer and feeds their env and config to the trainer's own parser and validator, and
-checks that exit codes, recipes and the progress report mean the same on both sides.
+The facts both sides need live once, in `megatron_contract`. This test is where the two sides meet:
+it renders pods with the operator's renderer and feeds their env and config to the trainer's
+parser and validator, and checks that exit codes and the progress report mean the same to the
+operator as to the trainer.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from typing import Any
 
 import pytest
 
+from megatron_contract.config import load_config
+from megatron_contract.env import RESERVED as RESERVED_ENV
+from megatron_contract.env import runtime_env
+from megatron_contract.exitcodes import ExitCode
 from megatron_operator.api import load_file
-from megatron_operator.api.recipes import RECIPES
-from megatron_operator.api.spec import RESERVED_ENV, RestartPolicySpec
-from megatron_operator.layout import plan
-from megatron_operator.observe import parse_progress
-from megatron_operator.policy import EXIT_CONFIG_ERROR, EXIT_SIGTERM_CHECKPOINTED, Failure, match
-from megatron_operator.render import render
-from megatron_trainer import config as trainer_config
+from megatron_operator.api.spec import RestartPolicySpec
+from megatron_operator.core.observe import parse_progress
+from megatron_operator.core.planner import plan
+from megatron_operator.core.policy import Failure, match
+from megatron_operator.core.render import render
 from megatron_trainer.progress import Report
 from megatron_trainer.validate import validate
 
@@ -53,12 +56,12 @@ def test_rendered_pods_parse_and_validate_in_the_trainer(path: Path, tmp_path: P
     cm = next(o for o in objs if o["kind"] == "ConfigMap")
     config_file = tmp_path / "config.json"
     config_file.write_text(cm["data"]["config.json"])
-    cfg = trainer_config.load_config(config_file)
+    cfg = load_config(config_file)
     pods = [o for o in objs if o["kind"] == "Pod"]
     for pod in (pods[0], pods[-1]):
         env = _pod_env(pod)
         env["MEGATRON_CONFIG"] = str(config_file)
-        rt = trainer_config.runtime_env(env)
+        rt = runtime_env(env)
         assert rt.world_size == p.world_size
         assert rt.nnodes == p.nodes and rt.nproc_per_node == p.procs_per_node
         assert rt.node_rank == int(pod["metadata"]["labels"]["megatron.dev/node-rank"])
@@ -71,17 +74,11 @@ def test_rendered_pods_parse_and_validate_in_the_trainer(path: Path, tmp_path: P
     assert cfg.model.padded_vocab_size == p.padded_vocab_size
 
 
-def test_exit_codes_mean_the_same_on_both_sides() -> None:
-    assert trainer_config.EXIT_CONFIG == EXIT_CONFIG_ERROR == 78
-    assert trainer_config.EXIT_SIGTERM == EXIT_SIGTERM_CHECKPOINTED == 143
+def test_exit_codes_mean_to_the_operator_what_the_trainer_means() -> None:
     rules: list[Any] = list(RestartPolicySpec().rules)
-    assert match(Failure("Error", trainer_config.EXIT_CONFIG), rules)[0] == "Fail"
-    assert match(Failure("Error", trainer_config.EXIT_SIGTERM), rules)[0] == "RestartNotCounted"
+    assert match(Failure("Error", ExitCode.CONFIG), rules)[0] == "Fail"
+    assert match(Failure("Error", ExitCode.SIGTERM), rules)[0] == "RestartNotCounted"
     assert match(Failure("Error", 1), rules)[0] == "Restart"
-
-
-def test_recipes_are_known_to_the_trainer() -> None:
-    assert set(RECIPES) == set(trainer_config.KNOWN_RECIPES)
 
 
 def test_progress_report_parses_in_the_operator() -> None:
@@ -116,4 +113,4 @@ def test_keep_zero_means_keep_all_on_both_sides(tmp_path: Path) -> None:
     job = load_file(ROOT / "examples" / "cpu-tiny.yaml", ["checkpoint.keep=0"])
     cm = next(o for o in render(job, plan(job.spec)) if o["kind"] == "ConfigMap")
     (tmp_path / "c.json").write_text(cm["data"]["config.json"])
-    assert trainer_config.load_config(tmp_path / "c.json").checkpoint.keep == 0
+    assert load_config(tmp_path / "c.json").checkpoint.keep == 0

@@ -54,7 +54,7 @@ class Op:
             [
                 sys.executable,
                 "-m",
-                "megatron_operator.cli",
+                "megatron_operator.cli.main",
                 "operator",
                 f"--metrics-port={self.metrics_port}",
                 "--node-lost-grace-seconds=5",

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from megatron_operator.api import SpecError, load_job
 from megatron_operator.api.crd import crd
-from megatron_operator.layout import plan
+from megatron_operator.core.planner import plan
 
 from .conftest import Cluster
 from .operator_support import Op, install_crd, tiny_gpu_job

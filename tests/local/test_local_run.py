@@ -25,7 +25,7 @@ TINY = str(ROOT / "examples" / "cpu-tiny.yaml")
 
 def mjob(*args: str, timeout: float = 900, **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "megatron_operator.cli", *args],
+        [sys.executable, "-m", "megatron_operator.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -40,7 +40,7 @@ def run_argv(workdir: Path, *extra: str, iters: int = 24, save: int = 4) -> list
     return [
         sys.executable,
         "-m",
-        "megatron_operator.cli",
+        "megatron_operator.cli.main",
         "run",
         TINY,
         "--local",

@@ -9,13 +9,9 @@ from typing import Any
 
 import pytest
 
-from megatron_trainer.config import (
-    ConfigError,
-    FailureInjection,
-    load_config,
-    parse_config,
-    runtime_env,
-)
+from megatron_contract.config import load_config, parse_config
+from megatron_contract.env import FailureInjection, runtime_env
+from megatron_contract.errors import ConfigError
 from megatron_trainer.validate import validate
 
 from .trainer_configs import GPT_TINY, tiny_config

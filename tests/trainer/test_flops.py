@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from megatron_trainer.config import MLAConfig, MoEConfig, parse_config
+from megatron_contract.config import MLAConfig, MoEConfig, parse_config
 from megatron_trainer.flops import flops_per_step, tflops_per_gpu
 
 from .trainer_configs import GPT_TINY

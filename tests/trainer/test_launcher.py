@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from megatron_trainer.config import EXIT_CONFIG
+from megatron_contract.exitcodes import ExitCode
 from megatron_trainer.launcher import exit_code
 
 from .trainer_configs import tiny_config, write_config
@@ -72,7 +72,7 @@ def test_bad_config_fails_fast(breakage: Any, expected: str, tmp_path: Path) -> 
     cfg = tiny_config(tmp_path / "ckpt", dp=2)
     breakage(cfg, tmp_path)
     code, output, seconds = launch(cfg, tmp_path)
-    assert code == EXIT_CONFIG, output
+    assert code == ExitCode.CONFIG, output
     assert expected in output
     assert "Traceback" not in output
     assert seconds < 30  # no rank was started: validation needs no torch import
@@ -84,14 +84,14 @@ def test_unwritable_checkpoint_dir(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     cfg = tiny_config(blocker / "ckpt")
     code, output, _ = launch(cfg, tmp_path)
-    assert code == EXIT_CONFIG
+    assert code == ExitCode.CONFIG
     assert f"checkpoint.dir: cannot write to {blocker / 'ckpt'}" in output
 
 
 def test_missing_env_is_a_config_error(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path / "ckpt")
     code, output, _ = launch(cfg, tmp_path, MASTER_ADDR="", NODE_RANK="3")
-    assert code == EXIT_CONFIG
+    assert code == ExitCode.CONFIG
     assert "MASTER_ADDR: required environment variable is not set" in output
     assert "NODE_RANK (3) must be < NNODES (1)" in output
 

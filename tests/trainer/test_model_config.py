@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import torch
 
+from megatron_contract.config import parse_config
+from megatron_contract.errors import ConfigError
 from megatron_trainer import model
-from megatron_trainer.config import ConfigError, parse_config
 from megatron_trainer.platform import Platform
 
 from .trainer_configs import GPT_TINY

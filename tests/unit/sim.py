@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from megatron_operator.names import ANNOTATION_PROGRESS
-from megatron_operator.observe import format_time, pod_view
-from megatron_operator.reconcile import Outcome, Settings, World, reconcile
-from megatron_operator.render import pod as render_pod
+from megatron_contract.paths import PROGRESS_ANNOTATION as ANNOTATION_PROGRESS
+from megatron_operator.core.observe import format_time, pod_view
+from megatron_operator.core.reconcile import Outcome, Settings, World, reconcile
 
 T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 
@@ -55,10 +54,8 @@ class Sim:
             pod = self.pods.get(name)
             if pod is not None:
                 pod["metadata"]["deletionTimestamp"] = format_time(self.now)
-        ranks = out.create_ranks if max_creates is None else out.create_ranks[:max_creates]
-        for rank in ranks:
-            assert out.job is not None and out.plan is not None
-            obj = render_pod(out.job, out.plan, rank, out.attempt)
+        pods = out.create_pods if max_creates is None else out.create_pods[:max_creates]
+        for obj in copy.deepcopy(pods):
             name = obj["metadata"]["name"]
             assert name not in self.pods, f"duplicate create of {name}"
             obj["status"] = {"phase": "Pending"}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megatron_operator.cli import main
+from megatron_operator.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "examples" / "cpu-tiny.yaml")
@@ -18,7 +18,7 @@ TINY = str(ROOT / "examples" / "cpu-tiny.yaml")
 
 def _mjob(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "megatron_operator.cli", *args],
+        [sys.executable, "-m", "megatron_operator.cli.main", *args],
         capture_output=True,
         text=True,
         check=False,

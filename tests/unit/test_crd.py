@@ -9,14 +9,14 @@ import kubernetes_validate
 import yaml
 
 from megatron_operator.api.crd import crd
-from megatron_operator.gen import stale
+from megatron_operator.api.gen import stale
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_generated_files_are_current() -> None:
     bad = stale(ROOT)
-    assert not bad, f"stale generated files {bad}: run `python -m megatron_operator.gen`"
+    assert not bad, f"stale generated files {bad}: run `python -m megatron_operator.api.gen`"
 
 
 def test_crd_file_is_the_generated_crd() -> None:

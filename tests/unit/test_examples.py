@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megatron_operator.cli import main
+from megatron_operator.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -37,7 +37,7 @@ def test_example_validates_plans_and_renders(
 def test_seed_recipe_layouts() -> None:
     def plan_of(name: str) -> dict[str, object]:
         from megatron_operator.api import load_file
-        from megatron_operator.layout import plan
+        from megatron_operator.core.planner import plan
 
         return plan(load_file(ROOT / "examples" / f"{name}.yaml").spec).to_dict(False)
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megatron_operator.api import MegatronJobSpec, SpecError
-from megatron_operator.layout import Plan, plan
+from megatron_operator.core.planner import Plan, plan
 
 from .specs import spec_of
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from megatron_operator.api.spec import RestartPolicySpec
-from megatron_operator.policy import Failure, backoff_seconds, decide, first_failure, match
+from megatron_operator.core.policy import Failure, backoff_seconds, decide, first_failure, match
 
 
 def _policy(**kw: Any) -> RestartPolicySpec:

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megatron_operator.reconcile import World, reconcile
+from megatron_operator.core.reconcile import World, reconcile
 
 from .sim import T0, Sim
 from .specs import job_doc, spec_of
@@ -301,4 +301,4 @@ def test_a_spec_the_apiserver_rejects_fails_with_its_reason() -> None:
     failed = next(c for c in out.status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "InvalidSpec"
     assert "apiserver rejected" in failed["message"] and "nodeSelector" in failed["message"]
-    assert out.create_ranks == []
+    assert out.create == []

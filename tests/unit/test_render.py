@@ -12,14 +12,14 @@ import pytest
 
 from megatron_operator.api import load_file
 from megatron_operator.api.job import MegatronJob
-from megatron_operator.layout import plan
-from megatron_operator.names import (
+from megatron_operator.cli.yamlio import dump_yaml
+from megatron_operator.core.names import (
     LABEL_JOB_NAME,
     LABEL_NODE_RANK,
     LABEL_RESTART_ATTEMPT,
 )
-from megatron_operator.render import as_list, render
-from megatron_operator.yamlio import dump_yaml
+from megatron_operator.core.planner import plan
+from megatron_operator.core.render import as_list, render
 
 from .specs import job_of
 

@@ -1,24 +1,32 @@
-"""Every layout validity rule, each with a valid and an invalid case.
+"""Every layout validity rule, each with a valid and an invalid case, checked three ways.
 
 Each case runs through both implementations of the rules: the Python planner (`mjob validate`,
-the operator) and the CRD's CEL (what `kubectl apply` enforces). They must agree on valid vs
-invalid and on the field they blame.
+the operator; its layout rules are the contract's `megatron_contract.rules`) and the CRD's CEL
+(what `kubectl apply` enforces). They must agree on valid vs invalid and on the field they blame.
+Every valid case is also rendered and handed to the trainer (its config parser, then its
+validation), so a spec the API accepts is never refused by the trainer after its pods were
+scheduled.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from megatron_operator.api import MegatronJobSpec
-from megatron_operator.layout import validate
+from megatron_contract.config import parse_config
+from megatron_operator.api import MegatronJobSpec, load_job
+from megatron_operator.core.planner import plan, validate
+from megatron_operator.core.render import config_map
+from megatron_trainer.validate import validate as trainer_validate
 
 from .celcheck import check_spec
-from .specs import DELETE, spec_of
+from .specs import DELETE, job_doc, spec_of
 
 MOE = {"numExperts": 4, "routerTopK": 2}
 CPU = {"resources.accelerator": "none"}
+MLA = {"kvLoraRank": 64, "qkHeadDim": 32, "qkPosEmbHeadDim": 16, "vHeadDim": 32}
 
 # (rule, field expected to be blamed, valid changes, invalid changes[, CEL checks it too])
 CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
@@ -182,10 +190,10 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         True,
     ),
     (
-        "dense first layers at most the layers",
+        "at least one MoE layer after the dense ones",
         "spec.model.moe.firstKDenseLayers",
-        {"model.moe": {**MOE, "firstKDenseLayers": 4}},
-        {"model.moe": {**MOE, "firstKDenseLayers": 5}},
+        {"model.moe": {**MOE, "firstKDenseLayers": 3}},
+        {"model.moe": {**MOE, "firstKDenseLayers": 4}},  # gpt-tiny has 4 layers
         True,
     ),
     (
@@ -245,7 +253,11 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         "expert parallelism is CUDA-only",
         "spec.parallelism.expert",
         {"model.moe": MOE, "parallelism.expert": 2},
-        {**CPU, "model.moe": MOE, "parallelism.expert": 2},
+        {
+            **CPU,
+            "model.moe": {**MOE, "tokenDispatcher": "allgather"},
+            "parallelism.expert": 2,
+        },
         True,
     ),
     (
@@ -253,6 +265,27 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         "spec.training.precision",
         {**CPU, "training.precision": "fp32"},
         {**CPU, "training.precision": "bf16"},
+        True,
+    ),
+    (
+        "sequence parallelism is CUDA-only",
+        "spec.parallelism.sequenceParallel",
+        {"parallelism.tensor": 2, "parallelism.sequenceParallel": True},
+        {**CPU, "parallelism.tensor": 2, "parallelism.sequenceParallel": True},
+        True,
+    ),
+    (
+        "the alltoall MoE dispatcher is CUDA-only",
+        "spec.model.moe.tokenDispatcher",
+        {**CPU, "model.moe": {**MOE, "tokenDispatcher": "allgather"}},
+        {**CPU, "model.moe": MOE},
+        True,
+    ),
+    (
+        "multi-latent attention needs rope",
+        "spec.model.positionEmbedding",
+        {"model.mla": MLA},
+        {"model.mla": MLA, "model.positionEmbedding": "learned_absolute"},
         True,
     ),
     (
@@ -270,10 +303,10 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         True,
     ),
     (
-        "warmup within the run",
+        "warmup ends before the run does",
         "spec.training.warmupIters",
-        {"training.warmupIters": 100},
-        {"training.warmupIters": 101},
+        {"training.warmupIters": 99},
+        {"training.warmupIters": 100},  # == trainIters: Megatron-Core needs warmup < decay
         True,
     ),
     (
@@ -281,6 +314,13 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         "spec.profiling.endStep",
         {"profiling": {"startStep": 2, "endStep": 3}},
         {"profiling": {"startStep": 4, "endStep": 3}},
+        True,
+    ),
+    (
+        "profiling starts within the run",
+        "spec.profiling.startStep",
+        {"profiling": {"startStep": 100, "endStep": 100}},
+        {"profiling": {"startStep": 101, "endStep": 102}},
         True,
     ),
     (
@@ -445,6 +485,19 @@ def test_valid_case_passes_both(
     assert _python_errors(spec) == []
     if cel:
         assert _cel_errors(spec) == []
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids())
+def test_valid_case_runs_in_the_trainer(
+    case: tuple[str, str, dict[str, Any], dict[str, Any], bool],
+) -> None:
+    """Render → the trainer's parser → the trainer's validation: what the API accepts, the
+    trainer must not refuse later."""
+    _, _, valid, _, _ = case
+    job = load_job(job_doc(spec_of(valid)))
+    cm = config_map(job, plan(job.spec))
+    config = parse_config(json.loads(cm["data"]["config.json"]))
+    trainer_validate(config, check_paths=False)  # raises ConfigError naming every problem
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids())

@@ -38,8 +38,10 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (
     FullyParallelSaveStrategyWrapper,
 )
 
+from megatron_contract.config import CheckpointConfig, TrainerConfig
+from megatron_contract.errors import ConfigError
+
 from . import optim_compat
-from .config import CheckpointConfig, ConfigError, TrainerConfig
 from .platform import Platform
 
 log = logging.getLogger(__name__)

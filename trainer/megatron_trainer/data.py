@@ -19,7 +19,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .config import ConfigError, TrainerConfig
+from megatron_contract.config import TrainerConfig
+from megatron_contract.errors import ConfigError
+
 from .tokenizer import DatasetTokenizer, TokenizerError
 
 MOCK_NOISE = 0.05  # share of tokens replaced by random ones, so the loss does not reach zero

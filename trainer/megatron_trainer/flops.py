@@ -11,7 +11,7 @@ Pure Python, no torch, so it can be unit-tested and used by the benchmark.
 
 from __future__ import annotations
 
-from .config import ModelConfig
+from megatron_contract.config import ModelConfig
 
 
 def flops_per_step(model: ModelConfig, sequences: int) -> float:

@@ -24,15 +24,11 @@ import time
 from collections.abc import Mapping, Sequence
 from types import FrameType
 
-from .config import (
-    EXIT_CONFIG,
-    EXIT_OK,
-    EXIT_SIGTERM,
-    ConfigError,
-    RuntimeEnv,
-    load_config,
-    runtime_env,
-)
+from megatron_contract.config import load_config
+from megatron_contract.env import RuntimeEnv, runtime_env
+from megatron_contract.errors import ConfigError
+from megatron_contract.exitcodes import ExitCode
+
 from .signals import LAUNCHER_PID_ENV
 from .validate import validate
 
@@ -121,7 +117,7 @@ class Supervisor:
             code = exit_code(os.waitstatus_to_exitcode(status))
             self.codes[pid] = code
             local = list(self.ranks).index(pid)
-            if code not in (EXIT_OK, EXIT_SIGTERM) and self.first_failure is None:
+            if code not in (ExitCode.OK, ExitCode.SIGTERM) and self.first_failure is None:
                 self.first_failure = code
                 print(
                     f"megatron_trainer: local rank {local} exited with {code}; stopping the others",
@@ -129,13 +125,13 @@ class Supervisor:
                     flush=True,
                 )
                 self._kill_all()
-            elif code == EXIT_SIGTERM and straggler_deadline is None:
+            elif code == ExitCode.SIGTERM and straggler_deadline is None:
                 straggler_deadline = time.monotonic() + STRAGGLER_SECONDS
         self._kill_all()  # leftovers such as checkpoint writers of a killed rank
         if self.first_failure is not None:
             return self.first_failure
-        nonzero = [c for c in self.codes.values() if c != EXIT_OK]
-        return nonzero[0] if nonzero else EXIT_OK
+        nonzero = [c for c in self.codes.values() if c != ExitCode.OK]
+        return nonzero[0] if nonzero else ExitCode.OK
 
     def _reap(self, deadline: float | None) -> tuple[int, int]:
         while True:
@@ -208,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_writable(config.checkpoint.dir)
     except ConfigError as err:
         print(f"megatron_trainer: {err}", file=sys.stderr, flush=True)
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
     print(
         f"megatron_trainer: job {config.job.name} node {env.node_rank}/{env.nnodes}: starting "
         f"{env.nproc_per_node} rank(s) on {config.platform} (world size {env.world_size}, "

@@ -23,8 +23,11 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from megatron_contract.config import TrainerConfig
+from megatron_contract.env import RuntimeEnv
+from megatron_contract.exitcodes import ExitCode
+
 from .checkpoint import Checkpointer
-from .config import EXIT_OK, EXIT_SIGTERM, RuntimeEnv, TrainerConfig
 from .data import MicroBatches, build_dataset
 from .flops import flops_per_step, tflops_per_gpu
 from .model import build_model, transformer_config
@@ -277,7 +280,7 @@ class Trainer:
         last_ckpt_reported = self.checkpointer.newest
         if self._agree_to_stop():
             self._log_rank0("SIGTERM before the first step: exiting without a new checkpoint")
-            return self._finish(EXIT_SIGTERM)
+            return self._finish(ExitCode.SIGTERM)
         while self.iteration < t.train_iters:
             self.iteration += 1
             self.profiler.before_step(self.iteration)
@@ -313,11 +316,11 @@ class Trainer:
             if stopping:
                 self._log_rank0(
                     "%s: saved iteration %d; exiting with %d", self.stop.signal_name or "SIGTERM",
-                    self.iteration, EXIT_SIGTERM,
+                    self.iteration, ExitCode.SIGTERM,
                 )  # fmt: skip
-                return self._finish(EXIT_SIGTERM)
+                return self._finish(ExitCode.SIGTERM)
         self._log_rank0("finished %d iterations", t.train_iters)
-        return self._finish(EXIT_OK)
+        return self._finish(ExitCode.OK)
 
     def _log_step(
         self, step: StepResult, tokens_per_s: float, tflops: float, mfu: float | None

@@ -20,8 +20,10 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+from megatron_contract.config import TrainerConfig
+from megatron_contract.errors import ConfigError
+
 from .attention import SDPAttention
-from .config import ConfigError, TrainerConfig
 from .platform import Platform
 
 _DTYPES = {

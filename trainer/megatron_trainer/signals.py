@@ -14,7 +14,7 @@ import sys
 import time
 from types import FrameType
 
-from .config import FailureInjection
+from megatron_contract.env import FailureInjection
 
 log = logging.getLogger(__name__)
 

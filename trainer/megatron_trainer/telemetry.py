@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .config import ProfilingConfig
+from megatron_contract.config import ProfilingConfig
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,11 @@ import os
 import sys
 import warnings
 
-from .config import EXIT_CONFIG, ConfigError, load_config, runtime_env
+from megatron_contract.config import load_config
+from megatron_contract.env import runtime_env
+from megatron_contract.errors import ConfigError
+from megatron_contract.exitcodes import ExitCode
+
 from .signals import StopFlag
 
 
@@ -50,7 +54,7 @@ def main() -> int:
         return Trainer(config, env, local_rank, stop).run()
     except ConfigError as err:
         print(f"megatron_trainer: {err}", file=sys.stderr, flush=True)
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
 
 
 def _exit(code: int) -> None:

@@ -71,3 +71,19 @@ AutoOrPositiveInt = Annotated[
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+def one_of(values: tuple[str, ...]) -> BeforeValidator:
+    """A string restricted to `values` (a contract choice list), checked like a Literal."""
+
+    def check(value: object) -> str:
+        if not isinstance(value, str) or value not in values:
+            raise ValueError(f"must be one of: {', '.join(values)} (got {value!r})")
+        return value
+
+    return BeforeValidator(check)
+
+
+def enum_schema(values: tuple[str, ...]) -> WithJsonSchema:
+    """The CRD schema of a `one_of` string: an enum the apiserver enforces."""
+    return WithJsonSchema({"type": "string", "enum": list(values)})

@@ -1,6 +1,6 @@
 """The layout rules as CEL (`x-kubernetes-validations`), so `kubectl apply` rejects bad specs.
 
-These mirror `megatron_operator.layout` rule for rule; `tests/unit/test_rules.py` runs both over
+These mirror `megatron_operator.core.planner` rule for rule; `tests/unit/test_rules.py` runs both over
 the same table of valid and invalid specs. A recipe's defaults reach CEL as map literals generated
 from `recipes.RECIPES`, so a spec that only names a recipe is still checked in full.
 
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from .recipes import RECIPES
-from .spec import RESERVED_ENV
+from megatron_contract.env import RESERVED as RESERVED_ENV
+from megatron_contract.recipes import RECIPES
+
 from .transitions import NEVER, WHILE_SUSPENDED
 
 S = "self"
@@ -71,6 +72,9 @@ TOPK = moe_field("routerTopK", "0")
 MOE_FFN = moe_field("ffnHiddenSize", FFN)
 FIRST_DENSE = moe_field("firstKDenseLayers", "0")
 IS_MOE = f"(has({M}.moe) || {EXPERTS} > 0)"
+DISPATCHER = moe_field("tokenDispatcher", "'alltoall'")
+POSITION = model_field("positionEmbedding", "'rope'")
+IS_MLA = f"(has({M}.mla) || (has({M}.recipe) && {_recipe_lookup({r: _lit('mla' in v) for r, v in RECIPES.items()})}))"
 KV_EXPLICIT = f"(has({M}.kvChannels) || {model_field('kvChannels', '0')} > 0)"
 
 TP, PP, CP, EP = f"{P}.tensor", f"{P}.pipeline", f"{P}.context", f"{P}.expert"
@@ -80,6 +84,7 @@ MP = f"({TP} * {PP} * {CP})"
 MP_OK = f"({WORLD} % {MP} == 0)"
 DP = f"({WORLD} / {MP})"
 GPU = f"({R}.accelerator != 'none')"
+NOT_INTERLEAVED = f"(!has({P}.virtualPipeline) || {P}.virtualPipeline == 1)"
 
 
 def rule(
@@ -162,12 +167,12 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".parallelism.pipeline",
     ),
     rule(
-        f"!has({P}.virtualPipeline) || {PP} > 1",
-        "virtualPipeline needs parallelism.pipeline > 1",
+        f"{NOT_INTERLEAVED} || {PP} > 1",
+        "virtualPipeline > 1 needs parallelism.pipeline > 1",
         ".parallelism.virtualPipeline",
     ),
     rule(
-        f"!has({P}.virtualPipeline) || {PP} == 1 || !{present('numLayers')} || "
+        f"{NOT_INTERLEAVED} || {PP} == 1 || !{present('numLayers')} || "
         f"{LAYERS} % {PP} != 0 || {LAYERS} % ({PP} * {P}.virtualPipeline) == 0",
         "model.numLayers must split into pipeline × virtualPipeline equal stages",
         ".parallelism.virtualPipeline",
@@ -194,8 +199,8 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".parallelism.expertTensor",
     ),
     rule(
-        f"!{IS_MOE} || !{present('numLayers')} || {FIRST_DENSE} <= {LAYERS}",
-        "model.moe.firstKDenseLayers exceeds numLayers",
+        f"!{IS_MOE} || !{present('numLayers')} || {FIRST_DENSE} < {LAYERS}",
+        "model.moe.firstKDenseLayers must be below numLayers: an MoE model needs an MoE layer",
         ".model.moe.firstKDenseLayers",
     ),
     rule(
@@ -236,6 +241,21 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         "with resources.accelerator: none use training.precision: fp32",
         ".training.precision",
     ),
+    rule(
+        f"{GPU} || !{P}.sequenceParallel",
+        "sequence parallelism needs Transformer Engine: turn it off with accelerator none",
+        ".parallelism.sequenceParallel",
+    ),
+    rule(
+        f"{GPU} || !{IS_MOE} || {DISPATCHER} == 'allgather'",
+        "the alltoall MoE dispatcher is CUDA-only: use tokenDispatcher: allgather on CPU",
+        ".model.moe.tokenDispatcher",
+    ),
+    rule(
+        f"!{IS_MLA} || {POSITION} == 'rope'",
+        "multi-latent attention (model.mla) needs positionEmbedding: rope",
+        ".model.positionEmbedding",
+    ),
     # --- batch and schedule
     rule(
         f"!{MP_OK} || {T}.globalBatchSize % ({T}.microBatchSize * {DP}) == 0",
@@ -243,7 +263,7 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".training.globalBatchSize",
     ),
     rule(
-        f"!has({P}.virtualPipeline) || {PP} == 1 || !{MP_OK} || "
+        f"{NOT_INTERLEAVED} || {PP} == 1 || !{MP_OK} || "
         f"{T}.globalBatchSize % ({T}.microBatchSize * {DP}) != 0 || "
         f"({T}.globalBatchSize / ({T}.microBatchSize * {DP})) % {PP} == 0",
         "the interleaved schedule needs the number of microbatches to be a multiple of pipeline",
@@ -251,14 +271,19 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
     ),
     rule(f"{T}.minLr <= {T}.lr", "minLr exceeds lr", ".training.minLr"),
     rule(
-        f"{T}.warmupIters <= {T}.trainIters",
-        "warmupIters exceeds trainIters",
+        f"{T}.warmupIters < {T}.trainIters",
+        "warmupIters must be below trainIters",
         ".training.warmupIters",
     ),
     rule(
         f"!has({S}.profiling) || {S}.profiling.startStep <= {S}.profiling.endStep",
         "endStep must not be before startStep",
         ".profiling.endStep",
+    ),
+    rule(
+        f"!has({S}.profiling) || {S}.profiling.startStep <= {T}.trainIters",
+        "profiling.startStep is after training.trainIters",
+        ".profiling.startStep",
     ),
     rule(
         f"!has({S}.profiling) || !has({S}.profiling.ranks) || "

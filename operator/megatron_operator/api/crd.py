@@ -1,7 +1,7 @@
 """Generate the MegatronJob CustomResourceDefinition from the pydantic models.
 
 The models are the single source of truth: `crds/megatronjobs.megatron.dev.yaml`, the chart's copy
-and `docs/api.md` are generated from here (`python -m megatron_operator.gen`), and a test fails
+and `docs/api.md` are generated from here (`python -m megatron_operator.api.gen`), and a test fails
 when any of them is stale. Pydantic's JSON Schema is turned into a structural OpenAPI v3 schema:
 references inlined, nullable unions collapsed, descriptions kept, CEL rules attached.
 """

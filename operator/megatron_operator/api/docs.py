@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, get_args
+
+from megatron_contract.recipes import RECIPES
 
 from .cel import SPEC_RULES, TRANSITION_RULES
 from .crd import crd
-from .recipes import RECIPES
+from .spec import FailureReason
+from .status import ConditionType, Phase, Reason
 
 _INTRO = """\
 # API reference: `MegatronJob` (megatron.dev/v1alpha1)
 
-Generated from the pydantic models by `python -m megatron_operator.gen`; a test fails when this
+Generated from the pydantic models by `python -m megatron_operator.api.gen`; a test fails when this
 file is stale. `kubectl explain megatronjob.spec` shows the same descriptions.
 
 Short names: `mj`, `mjob`. Namespaced, with a status subresource. Printer columns: Phase, Layout,
@@ -90,6 +93,15 @@ def render() -> str:
     lines += ["", "## Status", "", "| field | type | required | default | description |"]
     lines.append("|---|---|---|---|---|")
     _rows(schema["properties"]["status"], "status", lines)
+    lines += ["", "## Phases, conditions and reasons", ""]
+    for title, enum in (
+        ("Phases (`status.phase`)", Phase),
+        ("Condition types", ConditionType),
+        ("Condition and event reasons", Reason),
+        ("Failure reasons (`status.lastFailure.reason`, `restartPolicy.rules[].reasons`)", None),
+    ):
+        values = [str(v) for v in enum] if enum is not None else list(get_args(FailureReason))
+        lines.append(f"- {title}: " + ", ".join(f"`{v}`" for v in values))
     lines += ["", "## Recipes", "", "| recipe | fields |", "|---|---|"]
     for name, fields in RECIPES.items():
         lines.append(f"| `{name}` | `{json.dumps(fields, separators=(', ', ': '))}` |")

@@ -2,39 +2,42 @@
 
 Field names are a public contract (examples, docs and tests use them): extend, never rename.
 Every field carries a description, which the CRD generator copies so `kubectl explain` works.
-Cross-field rules live in `megatron_operator.layout` (Python) and `cel.py` (the same rules as CEL).
+Cross-field rules live in `megatron_operator.core.planner` (Python) and `cel.py` (the same rules as CEL).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from .base import ApiModel, AutoOrPositiveInt, NonNegativeInt, PositiveInt, Quantity
-from .recipes import RecipeName
+from megatron_contract import choices
+from megatron_contract.recipes import RECIPE_NAMES
 
-Accelerator = Literal["nvidia.com/gpu", "none"]
-
-# Environment variables the renderer sets (docs/contract.md); spec.env must not shadow them.
-RESERVED_ENV: frozenset[str] = frozenset(
-    {
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "WORLD_SIZE",
-        "NNODES",
-        "NODE_RANK",
-        "NPROC_PER_NODE",
-        "MEGATRON_CONFIG",
-        "MEGATRON_JOB_NAME",
-        "MEGATRON_RESTART_ATTEMPT",
-        "MEGATRON_REPORT_TO_POD",
-        "MEGATRON_PROGRESS_FILE",
-        "POD_NAME",
-        "POD_NAMESPACE",
-    }
+from .base import (
+    ApiModel,
+    AutoOrPositiveInt,
+    NonNegativeInt,
+    PositiveInt,
+    Quantity,
+    enum_schema,
+    one_of,
 )
-Precision = Literal["bf16", "fp16", "fp32", "fp8"]
+
+Precision = Annotated[str, one_of(choices.PRECISIONS), enum_schema(choices.PRECISIONS)]
+Accelerator = Annotated[str, one_of(choices.ACCELERATORS), enum_schema(choices.ACCELERATORS)]
+RecipeName = Annotated[str, one_of(RECIPE_NAMES), enum_schema(RECIPE_NAMES)]
+Normalization = Annotated[str, one_of(choices.NORMALIZATIONS), enum_schema(choices.NORMALIZATIONS)]
+Activation = Annotated[str, one_of(choices.ACTIVATIONS), enum_schema(choices.ACTIVATIONS)]
+PositionEmbedding = Annotated[
+    str, one_of(choices.POSITION_EMBEDDINGS), enum_schema(choices.POSITION_EMBEDDINGS)
+]
+TokenDispatcher = Annotated[
+    str, one_of(choices.TOKEN_DISPATCHERS), enum_schema(choices.TOKEN_DISPATCHERS)
+]
+LrDecayStyle = Annotated[str, one_of(choices.LR_DECAY_STYLES), enum_schema(choices.LR_DECAY_STYLES)]
+Recompute = Annotated[str, one_of(choices.RECOMPUTE), enum_schema(choices.RECOMPUTE)]
+ShardingType = Annotated[str, one_of(choices.SHARDING_TYPES), enum_schema(choices.SHARDING_TYPES)]
 FailureAction = Literal["Restart", "RestartNotCounted", "Fail"]
 # What the operator can tell about a failure besides the exit code. See docs/api.md.
 FailureReason = Literal[
@@ -71,7 +74,7 @@ class MoeSpec(ApiModel):
     aux_loss_coeff: float | None = Field(
         None, ge=0, description="Load-balancing auxiliary loss coefficient (default 0.01)."
     )
-    token_dispatcher: Literal["alltoall", "allgather"] | None = Field(
+    token_dispatcher: TokenDispatcher | None = Field(
         None, description="Megatron-Core token dispatcher (default alltoall)."
     )
 
@@ -115,13 +118,11 @@ class ModelSpec(ApiModel):
     max_position_embeddings: PositiveInt | None = Field(
         None, description="Maximum positions the model supports (default seqLength)."
     )
-    normalization: Literal["RMSNorm", "LayerNorm"] | None = Field(
+    normalization: Normalization | None = Field(
         None, description="Normalization layer (default RMSNorm)."
     )
-    activation: Literal["swiglu", "gelu"] | None = Field(
-        None, description="MLP activation (default swiglu)."
-    )
-    position_embedding: Literal["rope", "learned_absolute"] | None = Field(
+    activation: Activation | None = Field(None, description="MLP activation (default swiglu).")
+    position_embedding: PositionEmbedding | None = Field(
         None, description="Position embedding (default rope)."
     )
     rope_theta: float | None = Field(None, gt=0, description="RoPE base frequency (default 10000).")
@@ -180,9 +181,7 @@ class TrainingSpec(ApiModel):
     lr: float = Field(3.0e-4, gt=0, description="Peak learning rate.")
     min_lr: float = Field(3.0e-5, ge=0, description="Final learning rate after decay.")
     warmup_iters: NonNegativeInt = Field(0, description="Linear warmup steps.")
-    lr_decay_style: Literal["cosine", "linear", "constant"] = Field(
-        "cosine", description="Learning-rate decay after warmup."
-    )
+    lr_decay_style: LrDecayStyle = Field("cosine", description="Learning-rate decay after warmup.")
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay.")
     clip_grad: float = Field(1.0, ge=0, description="Gradient-norm clipping threshold (0: off).")
     adam_beta1: float = Field(0.9, gt=0, lt=1, description="AdamW beta1.")
@@ -195,7 +194,7 @@ class TrainingSpec(ApiModel):
     seed: NonNegativeInt = Field(
         1234, description="Random seed for weights, dropout and data order."
     )
-    recompute: Literal["none", "selective", "full"] = Field(
+    recompute: Recompute = Field(
         "none", description="Activation recomputation: trades compute for memory."
     )
     log_interval: PositiveInt = Field(
@@ -337,7 +336,7 @@ class CheckpointSpec(ApiModel):
         False, alias="async", description="Write checkpoints in the background (fewer stalls)."
     )
     keep: NonNegativeInt = Field(2, description="Newest checkpoints to keep (0 keeps all).")
-    sharding_type: Literal["dp_reshardable", "fully_reshardable"] = Field(
+    sharding_type: ShardingType = Field(
         "dp_reshardable",
         description="Distributed-optimizer layout. fully_reshardable allows TP/PP changes on "
         "resume but saves slower.",

@@ -2,22 +2,63 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import Field
 
 from .base import ApiModel
 
-Phase = Literal["Pending", "Queued", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
-PHASES: tuple[Phase, ...] = (
-    "Pending",
-    "Queued",
-    "Running",
-    "Restarting",
-    "Succeeded",
-    "Failed",
-    "Suspended",
-)
+
+class Phase(StrEnum):
+    """Where a job is in its life (status.phase)."""
+
+    PENDING = "Pending"  # pods being created or scheduled
+    QUEUED = "Queued"  # waiting for a queue's admission (Kueue)
+    RUNNING = "Running"  # every pod of the current attempt runs
+    RESTARTING = "Restarting"  # a rank failed: old pods going away, then the backoff
+    SUCCEEDED = "Succeeded"  # every pod exited 0
+    FAILED = "Failed"  # the failure rules, maxRestarts or an invalid spec ended it
+    SUSPENDED = "Suspended"  # spec.suspend: no pods
+
+
+class ConditionType(StrEnum):
+    """The conditions the operator keeps in status.conditions."""
+
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    PODS_SCHEDULED = "PodsScheduled"
+
+
+class Reason(StrEnum):
+    """Reasons on conditions and events (failure reasons are `FailureReason`)."""
+
+    CREATED = "Created"
+    INVALID_SPEC = "InvalidSpec"
+    SPEC_FIXED = "SpecFixed"
+    SUSPENDED = "Suspended"
+    RESUMED = "Resumed"
+    ALL_PODS_RUNNING = "AllPodsRunning"
+    PODS_NOT_RUNNING = "PodsNotRunning"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    RESTARTED = "Restarted"
+    COMPLETED = "Completed"
+    MAX_RESTARTS_EXCEEDED = "MaxRestartsExceeded"
+    FAILURE_POLICY = "FailurePolicy"
+    UNSCHEDULABLE = "Unschedulable"
+    ALL_PODS_SCHEDULED = "AllPodsScheduled"
+
+
+class EventType(StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+PHASES: tuple[Phase, ...] = tuple(Phase)
 
 
 class Condition(ApiModel):
@@ -57,7 +98,7 @@ class Progress(ApiModel):
 class MegatronJobStatus(ApiModel):
     """Observed state of a MegatronJob."""
 
-    phase: Phase | None = Field(None, description="Lifecycle phase.")
+    phase: Phase | None = Field(None, description="Lifecycle phase (see Phases in docs/api.md).")
     conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
     observed_generation: int | None = Field(None, description="Spec generation last acted on.")
     restart_attempt: int = Field(0, description="Current attempt (the restart generation).")

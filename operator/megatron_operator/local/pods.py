@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_operator.names import CHECKPOINT_MOUNT, CONFIG_KEY
+from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY
 
 
 @dataclass(frozen=True)

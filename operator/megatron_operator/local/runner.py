@@ -21,9 +21,9 @@ from types import FrameType
 from typing import IO, Any
 
 from megatron_operator.api.job import MegatronJob
-from megatron_operator.layout import Plan
-from megatron_operator.policy import Failure, backoff_seconds, decide, first_failure
-from megatron_operator.render import render
+from megatron_operator.core.planner import Plan
+from megatron_operator.core.policy import Failure, backoff_seconds, decide, first_failure
+from megatron_operator.core.render import render
 
 from .display import Display
 from .inject import Injection, fire

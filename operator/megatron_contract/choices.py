@@ -1,0 +1,16 @@
+"""The allowed values of every enumerated field, shared by the API models and the trainer's parser."""
+
+from __future__ import annotations
+
+from typing import Final
+
+NORMALIZATIONS: Final = ("RMSNorm", "LayerNorm")
+ACTIVATIONS: Final = ("swiglu", "gelu", "squared_relu")
+POSITION_EMBEDDINGS: Final = ("rope", "learned_absolute")
+PRECISIONS: Final = ("bf16", "fp16", "fp32", "fp8")
+RECOMPUTE: Final = ("none", "selective", "full")
+LR_DECAY_STYLES: Final = ("cosine", "linear", "constant", "inverse-square-root")
+TOKEN_DISPATCHERS: Final = ("alltoall", "allgather")
+SHARDING_TYPES: Final = ("dp_reshardable", "fully_reshardable")
+CPU: Final = "none"  # resources.accelerator for CPU training (gloo)
+ACCELERATORS: Final = ("nvidia.com/gpu", CPU)

@@ -1,0 +1,463 @@
+"""The resolved trainer configuration (docs/contract.md §2): typed dataclasses, one serialiser, one
+parser.
+
+The operator builds these dataclasses and writes them with `to_json`; the trainer reads them back
+with `parse_config`, which reports every problem at once, each naming the field. Both directions are
+driven by the dataclass fields themselves (their types and `Annotated[..., Meta(...)]` bounds), so a new
+config field is one line here plus where its value comes from and where it is used.
+
+JSON keys are the camelCase of the field names (`num_layers` → `numLayers`) unless a field names its
+own key (`async_save` → `async`). Every key is required; `X | None` fields may be null.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Final, TypeVar, Union
+
+from megatron_contract.choices import (
+    ACCELERATORS,
+    ACTIVATIONS,
+    CPU,
+    LR_DECAY_STYLES,
+    NORMALIZATIONS,
+    POSITION_EMBEDDINGS,
+    PRECISIONS,
+    RECOMPUTE,
+    SHARDING_TYPES,
+    TOKEN_DISPATCHERS,
+)
+from megatron_contract.errors import ConfigError
+from megatron_contract.recipes import RECIPE_NAMES
+
+API_VERSION: Final = "megatron.dev/v1alpha1"
+KIND: Final = "TrainerConfig"
+
+
+@dataclass(frozen=True)
+class Meta:
+    """A field's JSON key (when not the camelCase of its name) and bounds. Integers default to
+    a minimum of 1."""
+
+    key: str | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] | None = None
+    what: str = "value"  # how a choice error names the value, e.g. "recipe"
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    name: str
+    namespace: str
+    uid: str | None  # null when rendered without a cluster (`mjob render`)
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    num_experts: int
+    router_top_k: int
+    ffn_hidden_size: int
+    shared_expert_ffn_hidden_size: int | None
+    first_k_dense_layers: Annotated[int, Meta(minimum=0)]
+    aux_loss_coeff: Annotated[float, Meta(minimum=0.0)]
+    token_dispatcher: Annotated[str, Meta(choices=TOKEN_DISPATCHERS)]
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_head_dim: int
+    qk_pos_emb_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    recipe: Annotated[str | None, Meta(choices=RECIPE_NAMES, what="recipe")]
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    kv_channels: int
+    vocab_size: int
+    padded_vocab_size: int
+    seq_length: int
+    max_position_embeddings: int
+    normalization: Annotated[str, Meta(choices=NORMALIZATIONS)]
+    activation: Annotated[str, Meta(choices=ACTIVATIONS)]
+    position_embedding: Annotated[str, Meta(choices=POSITION_EMBEDDINGS)]
+    rope_theta: Annotated[float, Meta(minimum=1.0)]
+    untie_embeddings_and_output_weights: bool
+    norm_epsilon: Annotated[float, Meta(minimum=0.0)]
+    attention_dropout: Annotated[float, Meta(minimum=0.0, maximum=1.0)]
+    hidden_dropout: Annotated[float, Meta(minimum=0.0, maximum=1.0)]
+    add_bias_linear: bool
+    moe: MoEConfig | None
+    mla: MLAConfig | None
+
+
+@dataclass(frozen=True)
+class ParallelismConfig:
+    tensor: int
+    pipeline: int
+    virtual_pipeline: int | None  # model chunks per pipeline rank (Megatron's VPP size)
+    context: int
+    expert: int
+    expert_tensor: int
+    data: int
+    expert_data: int
+    sequence_parallel: bool
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that hold one copy of the dense model: tensor × pipeline × context."""
+        return self.tensor * self.pipeline * self.context
+
+    @property
+    def interleaved(self) -> bool:
+        """The interleaved (virtual) pipeline schedule: more than one model chunk per stage."""
+        return self.virtual_pipeline is not None and self.virtual_pipeline > 1
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    global_batch_size: int
+    micro_batch_size: int
+    num_microbatches: int
+    train_iters: int
+    lr: Annotated[float, Meta(minimum=0.0)]
+    min_lr: Annotated[float, Meta(minimum=0.0)]
+    warmup_iters: Annotated[int, Meta(minimum=0)]
+    lr_decay_style: Annotated[str, Meta(choices=LR_DECAY_STYLES)]
+    weight_decay: Annotated[float, Meta(minimum=0.0)]
+    clip_grad: Annotated[float, Meta(minimum=0.0)]
+    adam_beta1: Annotated[float, Meta(minimum=0.0, maximum=1.0)]
+    adam_beta2: Annotated[float, Meta(minimum=0.0, maximum=1.0)]
+    precision: Annotated[str, Meta(choices=PRECISIONS)]
+    seed: Annotated[int, Meta(minimum=0)]
+    recompute: Annotated[str, Meta(choices=RECOMPUTE)]
+    log_interval: int
+
+
+@dataclass(frozen=True)
+class BlendEntry:
+    weight: Annotated[float, Meta(minimum=0.0)]
+    prefix: str
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    path: str
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    mock: bool
+    blend: tuple[BlendEntry, ...] | None
+    tokenizer: TokenizerConfig | None
+    split: str
+    num_workers: Annotated[int, Meta(minimum=0)]
+
+    @property
+    def tokenizer_path(self) -> str | None:
+        return self.tokenizer.path if self.tokenizer is not None else None
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    dir: str
+    save_interval: int
+    async_save: Annotated[bool, Meta(key="async")]
+    keep: Annotated[int, Meta(minimum=0)]  # newest checkpoints kept; 0 keeps all
+    sharding_type: Annotated[str, Meta(choices=SHARDING_TYPES)]
+    load: bool
+
+
+@dataclass(frozen=True)
+class ResourcesConfig:
+    accelerator: Annotated[str, Meta(choices=ACCELERATORS)]
+    nodes: int
+    procs_per_node: int
+
+
+@dataclass(frozen=True)
+class ProgressConfig:
+    annotation: str
+    min_interval_seconds: Annotated[float, Meta(minimum=0.0)]
+
+
+@dataclass(frozen=True)
+class ProfilingConfig:
+    start_step: int
+    end_step: int
+    ranks: Annotated[tuple[int, ...], Meta(minimum=0)]
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    job: JobInfo
+    model: ModelConfig
+    parallelism: ParallelismConfig
+    training: TrainingConfig
+    data: DataConfig
+    checkpoint: CheckpointConfig
+    resources: ResourcesConfig
+    progress: ProgressConfig
+    profiling: ProfilingConfig | None
+
+    @property
+    def platform(self) -> str:
+        """`cpu` (gloo) for accelerator "none", else `cuda` (NCCL)."""
+        return "cpu" if self.resources.accelerator == CPU else "cuda"
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.nodes * self.resources.procs_per_node
+
+    @property
+    def model_json(self) -> dict[str, Any]:
+        """The "model" section as JSON, for checkpoint fingerprints."""
+        body: dict[str, Any] = to_json(self.model)
+        return body
+
+
+# ---------------------------------------------------------------------------------------------
+# Serialiser
+
+
+_NO_META = Meta()
+
+
+def _fields(cls: type) -> list[tuple[str, Any, Meta]]:
+    """(name, type, Meta) of each field of a config dataclass, `Annotated` unwrapped."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out = []
+    for f in dataclasses.fields(cls):
+        tp, meta = hints[f.name], _NO_META
+        if typing.get_origin(tp) is Annotated:
+            tp, *extras = typing.get_args(tp)
+            meta = next((e for e in extras if isinstance(e, Meta)), _NO_META)
+        out.append((f.name, tp, meta))
+    return out
+
+
+def json_key(name: str, meta: Meta = _NO_META) -> str:
+    if meta.key:
+        return meta.key
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def to_json(obj: Any) -> Any:
+    """A config dataclass (or a value inside one) as JSON-ready data with camelCase keys."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {json_key(n, m): to_json(getattr(obj, n)) for n, _, m in _fields(type(obj))}
+    if isinstance(obj, tuple | list):
+        return [to_json(v) for v in obj]
+    return obj
+
+
+def config_to_json(cfg: TrainerConfig) -> dict[str, Any]:
+    """The whole document the trainer reads (apiVersion and kind first)."""
+    body: dict[str, Any] = to_json(cfg)
+    return {"apiVersion": API_VERSION, "kind": KIND, **body}
+
+
+def dumps(cfg: TrainerConfig) -> str:
+    return json.dumps(config_to_json(cfg), indent=2, sort_keys=True) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, int | float):
+        return f"the number {value}"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__
+
+
+T = TypeVar("T")
+_MISSING = object()
+
+
+class _Reader:
+    """Reads JSON into the dataclasses, recording problems instead of raising."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def fail(self, path: str, message: str) -> None:
+        self.problems.append(f"{path}: {message}")
+
+    def read_object(self, cls: type[T], data: Any, path: str) -> T | None:
+        if not isinstance(data, dict):
+            self.fail(path or "config", f"expected a JSON object, got {_describe(data)}")
+            return None
+        values: dict[str, Any] = {}
+        ok = True
+        known = set()
+        for name, tp, meta in _fields(cls):
+            key = json_key(name, meta)
+            known.add(key)
+            where = f"{path}.{key}" if path else key
+            if key not in data:
+                self.fail(where, "required field is missing")
+                ok = False
+                continue
+            value = self.read_value(tp, data[key], where, meta)
+            if value is _MISSING:
+                ok = False
+            values[name] = value
+        for key in sorted(set(data) - known - ({"apiVersion", "kind"} if not path else set())):
+            where = f"{path}.{key}" if path else key
+            self.fail(
+                where,
+                "unknown field (not in docs/contract.md §2); remove it or update the contract "
+                "and the trainer together",
+            )
+        return cls(**values) if ok else None
+
+    def read_value(self, tp: Any, value: Any, path: str, meta: Meta) -> Any:
+        origin = typing.get_origin(tp)
+        if origin in (Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if value is None:
+                return None
+            return self.read_value(args[0], value, path, meta)
+        if value is None:
+            self.fail(path, f"expected {_expected(tp)}, got null")
+            return _MISSING
+        if dataclasses.is_dataclass(tp):
+            result = self.read_object(tp, value, path)  # type: ignore[arg-type]
+            return _MISSING if result is None else result
+        if origin is tuple:
+            return self.read_tuple(typing.get_args(tp)[0], value, path, meta)
+        if tp is bool:
+            if not isinstance(value, bool):
+                self.fail(path, f"expected true or false, got {_describe(value)}")
+                return _MISSING
+            return value
+        if tp is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                self.fail(path, f"expected an integer, got {_describe(value)}")
+                return _MISSING
+            return self.bounded(value, path, meta, default_minimum=1)
+        if tp is float:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                self.fail(path, f"expected a number, got {_describe(value)}")
+                return _MISSING
+            if not math.isfinite(value):
+                self.fail(path, f"expected a finite number, got {value}")
+                return _MISSING
+            return self.bounded(float(value), path, meta, default_minimum=None)
+        if tp is str:
+            if not isinstance(value, str) or not value:
+                self.fail(path, f"expected a non-empty string, got {_describe(value)}")
+                return _MISSING
+            if meta.choices is not None and value not in meta.choices:
+                allowed = ", ".join(meta.choices)
+                self.fail(path, f"unknown {meta.what} {value!r}; use one of: {allowed}")
+                return _MISSING
+            return value
+        raise TypeError(f"{path}: the contract has no reader for {tp!r}")  # a bug in this file
+
+    def read_tuple(self, item: Any, value: Any, path: str, meta: Meta) -> Any:
+        if not isinstance(value, list) or (not value and dataclasses.is_dataclass(item)):
+            self.fail(path, f"expected a non-empty list, got {_describe(value)}")
+            return _MISSING
+        items = [self.read_value(item, v, f"{path}[{i}]", meta) for i, v in enumerate(value)]
+        return _MISSING if any(v is _MISSING for v in items) else tuple(items)
+
+    def bounded(self, value: float, path: str, meta: Meta, default_minimum: float | None) -> Any:
+        low = default_minimum if meta.minimum is None else meta.minimum
+        high = meta.maximum
+        if low is not None and value < low:
+            self.fail(path, f"must be >= {low}, got {value}")
+            return _MISSING
+        if high is not None and value > high:
+            self.fail(path, f"must be <= {high}, got {value}")
+            return _MISSING
+        return value
+
+
+def _expected(tp: Any) -> str:
+    if tp is bool:
+        return "true or false"
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if tp is str:
+        return "a non-empty string"
+    return "a value"
+
+
+def _check_values(cfg: TrainerConfig, problems: list[str]) -> None:
+    """Field checks that are about one value's form (not the layout: that is `rules`)."""
+    if not os.path.isabs(cfg.checkpoint.dir):
+        problems.append(f"checkpoint.dir: must be an absolute path, got {cfg.checkpoint.dir!r}")
+    parts = cfg.data.split.split(",")
+    try:
+        weights = [float(p) for p in parts]
+    except ValueError:
+        weights = []
+    if not (len(weights) == 3 and all(w >= 0 for w in weights) and weights[0] > 0):
+        problems.append(
+            f"data.split: expected three comma-separated numbers like '100,0,0', got "
+            f"{cfg.data.split!r}"
+        )
+    for i, entry in enumerate(cfg.data.blend or ()):
+        if entry.weight <= 0.0:
+            problems.append(f"data.blend[{i}].weight: must be > 0, got {entry.weight}")
+
+
+def parse_config(data: Any) -> TrainerConfig:
+    """Parse the resolved config (decoded JSON). Raises ConfigError with every problem."""
+    reader = _Reader()
+    if isinstance(data, dict):
+        for key, want in (("apiVersion", API_VERSION), ("kind", KIND)):
+            if data.get(key) != want:
+                reader.fail(key, f"expected {want!r}, got {_describe(data.get(key))}")
+    cfg = reader.read_object(TrainerConfig, data, "")
+    if cfg is not None:
+        _check_values(cfg, reader.problems)
+    if reader.problems or cfg is None:
+        raise ConfigError(reader.problems or ["config: could not be parsed"])
+    return cfg
+
+
+def load_config(path: str | os.PathLike[str]) -> TrainerConfig:
+    """Read and parse the resolved config file. Raises ConfigError naming the problem."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(
+            [f"MEGATRON_CONFIG: cannot read {str(p)!r} ({err.strerror}); mount the resolved config"]
+        ) from err
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(
+            [f"{p}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})"]
+        ) from err
+    return parse_config(data)

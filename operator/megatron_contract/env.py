@@ -1,0 +1,163 @@
+"""The trainer container's environment (docs/contract.md §1): the names, and the one parser."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from megatron_contract.errors import ConfigError
+from megatron_contract.paths import DEFAULT_CONFIG_PATH
+
+MASTER_ADDR: Final = "MASTER_ADDR"
+MASTER_PORT: Final = "MASTER_PORT"
+WORLD_SIZE: Final = "WORLD_SIZE"
+NNODES: Final = "NNODES"
+NODE_RANK: Final = "NODE_RANK"
+NPROC_PER_NODE: Final = "NPROC_PER_NODE"
+CONFIG: Final = "MEGATRON_CONFIG"
+JOB_NAME: Final = "MEGATRON_JOB_NAME"
+RESTART_ATTEMPT: Final = "MEGATRON_RESTART_ATTEMPT"
+REPORT_TO_POD: Final = "MEGATRON_REPORT_TO_POD"
+PROGRESS_FILE: Final = "MEGATRON_PROGRESS_FILE"
+POD_NAME: Final = "POD_NAME"
+POD_NAMESPACE: Final = "POD_NAMESPACE"
+# Never set by the operator: `STEP[:RANK[:KILL|TERM]][,…]` for chaos tests (spec.env may set it).
+INJECT_FAILURE: Final = "MEGATRON_INJECT_FAILURE"
+
+DEFAULT_MASTER_PORT: Final = 29500
+
+# What the renderer sets: spec.env must not shadow these.
+RESERVED: Final = frozenset(
+    {
+        MASTER_ADDR,
+        MASTER_PORT,
+        WORLD_SIZE,
+        NNODES,
+        NODE_RANK,
+        NPROC_PER_NODE,
+        CONFIG,
+        JOB_NAME,
+        RESTART_ATTEMPT,
+        REPORT_TO_POD,
+        PROGRESS_FILE,
+        POD_NAME,
+        POD_NAMESPACE,
+    }
+)
+
+
+@dataclass(frozen=True)
+class FailureInjection:
+    """Kill one rank after it completes `step` (INJECT_FAILURE, for tests and demos)."""
+
+    step: int
+    rank: int
+    signal: str  # "KILL" or "TERM"
+
+
+@dataclass(frozen=True)
+class RuntimeEnv:
+    master_addr: str
+    master_port: int
+    world_size: int
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    config_path: str
+    job_name: str | None
+    pod_name: str | None
+    pod_namespace: str | None
+    restart_attempt: int
+    progress_file: str | None
+    report_to_pod: bool
+    inject_failures: tuple[FailureInjection, ...]
+
+    def global_rank(self, local_rank: int) -> int:
+        """Ranks are contiguous per node, so TP groups (innermost) stay inside one pod."""
+        return self.node_rank * self.nproc_per_node + local_rank
+
+
+def runtime_env(environ: Mapping[str, str]) -> RuntimeEnv:
+    """Parse the contract env. Raises ConfigError naming every missing or malformed variable."""
+    problems: list[str] = []
+
+    def integer(name: str, minimum: int, default: int | None = None) -> int | None:
+        raw = environ.get(name)
+        if raw is None or raw == "":
+            if default is None:
+                problems.append(f"{name}: required environment variable is not set")
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            problems.append(f"{name}: expected an integer, got {raw!r}")
+            return None
+        if value < minimum:
+            problems.append(f"{name}: must be >= {minimum}, got {value}")
+            return None
+        return value
+
+    master_addr = environ.get(MASTER_ADDR, "")
+    if not master_addr:
+        problems.append(f"{MASTER_ADDR}: required environment variable is not set")
+    master_port = integer(MASTER_PORT, 1, default=DEFAULT_MASTER_PORT)
+    if master_port is not None and master_port > 65535:
+        problems.append(f"{MASTER_PORT}: must be a TCP port (1-65535), got {master_port}")
+    world_size = integer(WORLD_SIZE, 1)
+    nnodes = integer(NNODES, 1)
+    node_rank = integer(NODE_RANK, 0)
+    nproc = integer(NPROC_PER_NODE, 1)
+    restart_attempt = integer(RESTART_ATTEMPT, 0, default=0)
+    sizes = (world_size, nnodes, nproc)
+    if None not in sizes and world_size != (nnodes or 0) * (nproc or 0):
+        problems.append(
+            f"{WORLD_SIZE} ({world_size}) must equal {NNODES} ({nnodes}) × "
+            f"{NPROC_PER_NODE} ({nproc})"
+        )
+    if node_rank is not None and nnodes is not None and node_rank >= nnodes:
+        problems.append(f"{NODE_RANK} ({node_rank}) must be < {NNODES} ({nnodes})")
+    report = environ.get(REPORT_TO_POD, "false").strip().lower()
+    if report not in ("true", "false", ""):
+        problems.append(f"{REPORT_TO_POD}: expected 'true' or 'false', got {report!r}")
+    injections = parse_injections(environ.get(INJECT_FAILURE, ""), problems)
+    if problems:
+        raise ConfigError(problems)
+    assert master_port is not None and world_size is not None and nnodes is not None
+    assert node_rank is not None and nproc is not None and restart_attempt is not None
+    return RuntimeEnv(
+        master_addr=master_addr,
+        master_port=master_port,
+        world_size=world_size,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        nproc_per_node=nproc,
+        config_path=environ.get(CONFIG) or DEFAULT_CONFIG_PATH,
+        job_name=environ.get(JOB_NAME) or None,
+        pod_name=environ.get(POD_NAME) or None,
+        pod_namespace=environ.get(POD_NAMESPACE) or None,
+        restart_attempt=restart_attempt,
+        progress_file=environ.get(PROGRESS_FILE) or None,
+        report_to_pod=report == "true",
+        inject_failures=injections,
+    )
+
+
+def parse_injections(raw: str, problems: list[str]) -> tuple[FailureInjection, ...]:
+    """`STEP[:RANK[:SIGNAL]]`, comma-separated; the same syntax as `mjob run --inject-failure`."""
+    result = []
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        parts = item.split(":")
+        try:
+            step = int(parts[0])
+            rank = int(parts[1]) if len(parts) > 1 and parts[1] else 0
+        except ValueError:
+            step = rank = -1
+        signal = (parts[2] if len(parts) > 2 else "KILL").upper().removeprefix("SIG")
+        if len(parts) > 3 or step < 1 or rank < 0 or signal not in ("KILL", "TERM"):
+            problems.append(
+                f"{INJECT_FAILURE}: {item!r} is not STEP[:RANK[:KILL|TERM]] (step >= 1, rank >= 0)"
+            )
+            continue
+        result.append(FailureInjection(step, rank, signal))
+    return tuple(result)

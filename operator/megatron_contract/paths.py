@@ -1,0 +1,31 @@
+"""Where things are, in a trainer pod and on the checkpoint volume (docs/contract.md)."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+CONFIG_MOUNT: Final = "/etc/megatron"  # the ConfigMap's mount in the trainer container
+CONFIG_KEY: Final = "config.json"  # the resolved trainer config's key in that ConfigMap
+DEFAULT_CONFIG_PATH: Final = f"{CONFIG_MOUNT}/{CONFIG_KEY}"
+CHECKPOINT_MOUNT: Final = "/mnt/checkpoints"  # the checkpoint volume's mount
+
+# The Megatron-LM checkpoint layout, so Megatron-LM's own tools read our checkpoints:
+#   <dir>/latest_checkpointed_iteration.txt   (written only once a save is complete)
+#   <dir>/iter_0000100/...
+TRACKER_FILE: Final = "latest_checkpointed_iteration.txt"
+ITER_DIR_RE: Final = re.compile(r"^iter_(\d{7})$")
+
+# Rank 0's progress report (docs/contract.md §4).
+PROGRESS_ANNOTATION: Final = "megatron.dev/progress"
+PROGRESS_MIN_INTERVAL_SECONDS: Final = 10
+
+
+def iter_dir_name(iteration: int) -> str:
+    """`iter_0000100` for iteration 100."""
+    return f"iter_{iteration:07d}"
+
+
+def checkpoint_dir(sub_path: str) -> str:
+    """The checkpoint directory in the pod: `<mount>/<checkpoint.path or the job name>`."""
+    return f"{CHECKPOINT_MOUNT}/{sub_path}"

@@ -1,0 +1,1 @@
+"""The `mjob` command line: one module per group of sub-commands, shared pieces in `common`."""

@@ -1,0 +1,118 @@
+"""`mjob run FILE --local`: run a MegatronJob on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from megatron_operator.api import FieldError, SpecError, load_file
+from megatron_operator.cli.common import CliError, add_spec_args
+from megatron_operator.core.planner import plan
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a MegatronJob (locally, as processes, with the operator's restart semantics)",
+    )
+    add_spec_args(p)
+    p.add_argument(
+        "--local",
+        action="store_true",
+        required=True,
+        help="run on this machine (the only mode: use kubectl apply for a cluster)",
+    )
+    p.add_argument(
+        "--workdir", help="where checkpoints, logs and summary.json go (default runs/<job>)"
+    )
+    p.add_argument(
+        "--inject-failure",
+        action="append",
+        default=[],
+        metavar="STEP[:RANK[:SIGNAL]]",
+        help="kill a rank when it first reaches STEP (default rank 0, SIGKILL); repeatable, "
+        "each fires once per run",
+    )
+    p.set_defaults(func=cmd_run)
+
+
+def _check_workdir(path: Path) -> None:
+    """Fail before any process starts if the workdir cannot be written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise SpecError(
+            [FieldError("--workdir", f"{path} is not a writable directory: {exc.strerror or exc}")]
+        ) from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from megatron_operator.local.inject import check_ranks, parse_injection
+
+    job = load_file(args.file, args.overrides)
+    p = plan(job.spec)
+    if job.metadata.uid is None:
+        # The apiserver gives every object a uid; locally the workdir plays that part.
+        uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"mjob-local:{job.namespace}/{job.name}"))
+        job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"uid": uid})})
+    injections = [parse_injection(text) for text in args.inject_failure]
+    check_ranks(injections, p.world_size)
+    workdir = Path(args.workdir or Path("runs") / job.name).resolve()
+    _check_workdir(workdir)
+    try:
+        import psutil  # noqa: F401
+
+        import megatron_trainer  # noqa: F401 - only checking that the trainer is installed
+    except ImportError as exc:
+        raise CliError(
+            f"mjob run --local needs the trainer extra ({exc.name} is missing): "
+            "pip install -e '.[trainer]'"
+        ) from None
+
+    from megatron_operator.local.display import make_display
+    from megatron_operator.local.pods import Layout
+    from megatron_operator.local.runner import LocalRunner
+
+    display = make_display(job.name, job.spec.training.train_iters)
+    display.event(
+        f"note: spec.image ({job.spec.image}) is ignored locally: each pod runs as a process "
+        f"group with {sys.executable}"
+    )
+    display.event(
+        f"running {job.name}: {p.layout_string()}, {p.nodes} pod(s) × {p.procs_per_node} "
+        f"rank(s) on {'CPU' if p.accelerator == 'none' else p.accelerator}; workdir {workdir}"
+    )
+    layout = Layout(workdir)
+    runner = LocalRunner(job, p, layout, display, injections, sys.executable)
+    try:
+        result = runner.run()
+    finally:
+        display.close()
+    summary = runner.summarize(result)
+    _print_summary(summary, result.exit_code)
+    return result.exit_code
+
+
+def _print_summary(summary: dict[str, Any], code: int) -> None:
+    loss = summary["finalLoss"]
+    lines = [
+        f"{summary['job']}: {summary['status']} ({summary['reason']}) in {summary['elapsedSeconds']}s",
+        f"  restarts:      {summary['restarts']}",
+        f"  iterations:    {summary['iterations']}",
+        f"  final loss:    {loss:.6f}" if isinstance(loss, float) else "  final loss:    -",
+        f"  checkpoints:   {summary['checkpointDir']} {summary['checkpoints']}",
+        f"  tensorboard:   {summary['tensorboardDir']}",
+    ]
+    if "lossCurve" in summary:
+        lines.append(f"  loss curve:    {summary['lossCurve']}")
+    lines.append(f"  summary:       {Path(summary['workdir']) / 'summary.json'}")
+    if summary["status"] != "Succeeded":
+        lines.append(f"  why:           {summary['message']}")
+    stream = sys.stdout if code == 0 else sys.stderr
+    print("\n".join(lines), file=stream, flush=True)

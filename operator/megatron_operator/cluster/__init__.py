@@ -1,0 +1,1 @@
+"""The Kubernetes shell: the only importer of kopf and the Kubernetes client."""

@@ -1,0 +1,200 @@
+"""kopf wiring (thin): one daemon per MegatronJob runs the reconcile loop; watch events only
+wake it up. Decisions live in `reconcile`, API calls in `kube`.
+
+Why a daemon per job rather than on.create/on.update handlers: the controller is level-triggered.
+Events for the job, its pods and the nodes coalesce into one wake-up, and the daemon sleeps until
+the next deadline (a backoff, a hang timeout, a TTL) or the next event, like a work queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from megatron_operator.api.job import GROUP, PLURAL, VERSION
+from megatron_operator.cluster.controller import Controller
+from megatron_operator.cluster.watch import NodeReadiness, Watcher, node_watcher, pod_watchers
+from megatron_operator.core.names import DOMAIN, FINALIZER
+
+log = logging.getLogger(__name__)
+
+
+# Reconciles run in threads (the API client is synchronous). asyncio's default pool has
+# min(32, cores + 4) threads: far too few when hundreds of jobs are reconciled at once.
+RECONCILE_WORKERS = 32
+DEBOUNCE_SECONDS = 0.05  # let a burst of pod events land before observing
+
+
+@dataclass
+class Runtime:
+    """The operator's process-wide state, handed to every handler through kopf's `memo`
+    (`memo.runtime`): one API client and Controller, the watches, the job loops' wake-ups and
+    the reconcile pool. Made by `run`; its pools start and stop with the operator."""
+
+    controller: Controller
+    namespaces: tuple[str, ...] = ()  # empty: the whole cluster
+    nodes: NodeReadiness | None = None
+    watchers: list[Watcher] = field(default_factory=list)
+    pool: ThreadPoolExecutor | None = None
+    wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    generations: dict[tuple[str, str], int | None] = field(default_factory=dict)
+
+    def wake(self, namespace: str | None, name: str | None) -> None:
+        if namespace and name:
+            event = self.wakeups.get((namespace, name))
+            if event is not None:
+                event.set()
+
+    def wake_all(self) -> None:
+        for event in self.wakeups.values():
+            event.set()
+
+
+def _runtime(memo: Any) -> Runtime:
+    runtime = getattr(memo, "runtime", None)
+    if not isinstance(runtime, Runtime):
+        raise kopf.PermanentError("the operator was started without its runtime (use `run`)")
+    return runtime
+
+
+def run(runtime: Runtime) -> None:
+    """Run the operator in the foreground until it is stopped (SIGTERM, SIGINT)."""
+    kopf.run(
+        clusterwide=not runtime.namespaces,
+        namespaces=list(runtime.namespaces),
+        standalone=True,
+        memo=kopf.Memo(runtime=runtime),
+    )
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=DOMAIN)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=DOMAIN, key="last-handled-configuration"
+    )
+    settings.posting.enabled = False  # we post our own events, after each status write
+    settings.execution.max_workers = 64
+    settings.watching.server_timeout = 300
+    # Our daemons exit as soon as they are told to stop; give them a moment to do so cleanly
+    # rather than being cancelled mid-reconcile.
+    settings.background.instant_exit_timeout = 2.0
+
+
+@kopf.on.startup()
+async def start(memo: kopf.Memo, **_: Any) -> None:
+    """Start the reconcile pool, and the pod and node watches (light threads, watch.py)."""
+    runtime = _runtime(memo)
+    runtime.pool = ThreadPoolExecutor(max_workers=RECONCILE_WORKERS, thread_name_prefix="reconcile")
+    loop = asyncio.get_running_loop()
+
+    def wake(namespace: str, name: str) -> None:
+        loop.call_soon_threadsafe(runtime.wake, namespace, name)
+
+    def wake_all() -> None:
+        loop.call_soon_threadsafe(runtime.wake_all)
+
+    kube = runtime.controller.kube
+    runtime.nodes = NodeReadiness(wake_all)
+    runtime.watchers = [
+        *pod_watchers(kube, list(runtime.namespaces), wake),
+        node_watcher(kube, runtime.nodes),
+    ]
+    for w in runtime.watchers:
+        w.start()
+
+
+@kopf.on.cleanup()
+def stop(memo: kopf.Memo, **_: Any) -> None:
+    runtime = _runtime(memo)
+    for w in runtime.watchers:
+        w.stop()
+    if runtime.pool is not None:
+        runtime.pool.shutdown(wait=False, cancel_futures=True)
+    runtime.controller.kube.pool.shutdown(wait=False, cancel_futures=True)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def job_changed(
+    type: str, namespace: str | None, name: str, meta: kopf.Meta, memo: kopf.Memo, **_: Any
+) -> None:
+    # Wake only for a new spec (generation) or a deletion: our own status writes and kopf's
+    # finalizer patches also arrive here, and reacting to them would double every reconcile.
+    runtime = _runtime(memo)
+    key = (namespace or "", name)
+    generation = meta.get("generation")
+    if type == "DELETED":
+        runtime.generations.pop(key, None)
+        return
+    if runtime.generations.get(key) != generation:
+        runtime.generations[key] = generation
+        runtime.wake(namespace, name)
+
+
+async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> bool:
+    """Sleep until woken (True), stopped or timed out (False)."""
+
+    async def until_stopped() -> None:
+        await stopped.wait()
+
+    woken = asyncio.ensure_future(wake.wait())
+    stopping = asyncio.ensure_future(until_stopped())
+    done, pending = await asyncio.wait(
+        {woken, stopping}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
+    )
+    for task in pending:
+        task.cancel()
+    return woken in done
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_backoff=5.0, cancellation_timeout=10.0)
+async def run_job(
+    namespace: str | None,
+    name: str,
+    stopped: kopf.DaemonStopped,
+    memo: kopf.Memo,
+    **_: Any,
+) -> None:
+    runtime = _runtime(memo)
+    controller = runtime.controller
+    if namespace is None:
+        raise kopf.PermanentError("MegatronJob is namespaced; got an object without a namespace")
+    key = (namespace, name)
+    wake = runtime.wakeups.setdefault(key, asyncio.Event())
+    loop = asyncio.get_running_loop()
+    lookup = runtime.nodes.lookup if runtime.nodes is not None else None
+    try:
+        while not stopped:
+            wake.clear()
+            try:
+                delay = await loop.run_in_executor(
+                    runtime.pool,
+                    functools.partial(controller.reconcile_job, namespace, name, lookup),
+                )
+            except Exception:  # never let one bad reconcile kill the loop; retry soon
+                log.exception("reconcile of %s/%s failed; retrying", namespace, name)
+                delay = 5.0
+            if await _sleep(wake, stopped, max(delay, 0.05)):
+                await asyncio.sleep(DEBOUNCE_SECONDS)
+    finally:
+        if runtime.wakeups.get(key) is wake:
+            del runtime.wakeups[key]
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+def cleanup(
+    namespace: str | None, name: str, status: kopf.Status, memo: kopf.Memo, **_: Any
+) -> None:
+    """Delete every child now, rather than waiting for the garbage collector."""
+    controller = _runtime(memo).controller
+    controller.metrics.forget(namespace or "", name)
+    if namespace is None or not status.get("startTime"):
+        return  # never started (e.g. an invalid spec): it has no children
+    controller.kube.delete_children(namespace, name)

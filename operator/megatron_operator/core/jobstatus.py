@@ -1,0 +1,105 @@
+"""The job's status as the state machine works on it: typed fields, read defensively.
+
+The apiserver stores whatever the status subresource was given, and a status written by someone
+else (or an older operator) may hold garbage: reading never raises, and what cannot be read is
+dropped. Keys this operator does not know are kept as they were, so a write never loses them.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from megatron_operator.api.status import Phase
+
+
+def _count(value: object, default: int = 0) -> int:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return value if ok else default  # type: ignore[return-value]
+
+
+def _optional_count(value: object) -> int | None:
+    count = _count(value, -1)
+    return count if count >= 0 else None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+@dataclass
+class JobStatus:
+    phase: Phase | None = None
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+    observed_generation: int | None = None
+    restart_attempt: int = 0  # the attempt the pods should be of
+    launched_attempt: int | None = None  # the latest attempt whose pods were all created
+    restarts: int = 0
+    restarts_counted: int = 0  # toward maxRestarts
+    last_failure: dict[str, Any] | None = None
+    progress: dict[str, Any] | None = None
+    progress_summary: str | None = None
+    layout: str | None = None
+    gpus: int | None = None
+    world_size: int | None = None
+    start_time: str | None = None
+    running_since: str | None = None
+    completion_time: str | None = None
+    restart_at: str | None = None
+    workload: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # keys we do not know, kept as they were
+
+    @classmethod
+    def read(cls, raw: object) -> JobStatus:
+        doc: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        known = {_camel(f.name) for f in fields(cls) if f.name != "extra"}
+        conds = doc.get("conditions")
+        phase = doc.get("phase")
+        launched = _count(doc.get("launchedAttempt"), -1)
+        generation = doc.get("observedGeneration")
+        return cls(
+            phase=Phase(phase) if phase in tuple(Phase) else None,
+            conditions=[copy.deepcopy(c) for c in conds if isinstance(c, dict)]
+            if isinstance(conds, list)
+            else [],
+            observed_generation=generation if isinstance(generation, int) else None,
+            restart_attempt=_count(doc.get("restartAttempt")),
+            launched_attempt=launched if launched >= 0 else None,
+            restarts=_count(doc.get("restarts")),
+            restarts_counted=_count(doc.get("restartsCounted")),
+            last_failure=_dict(doc.get("lastFailure")),
+            progress=_dict(doc.get("progress")),
+            progress_summary=_text(doc.get("progressSummary")),
+            layout=_text(doc.get("layout")),
+            gpus=_optional_count(doc.get("gpus")),
+            world_size=_optional_count(doc.get("worldSize")),
+            start_time=_text(doc.get("startTime")),
+            running_since=_text(doc.get("runningSince")),
+            completion_time=_text(doc.get("completionTime")),
+            restart_at=_text(doc.get("restartAt")),
+            workload=_text(doc.get("workload")),
+            extra={k: copy.deepcopy(v) for k, v in doc.items() if k not in known},
+        )
+
+    def to_raw(self) -> dict[str, Any]:
+        """The status document to write (unset fields omitted)."""
+        out: dict[str, Any] = dict(self.extra)
+        for f in fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            out[_camel(f.name)] = str(value) if isinstance(value, Phase) else value
+        return out
+
+
+def _dict(value: object) -> dict[str, Any] | None:
+    return copy.deepcopy(value) if isinstance(value, dict) else None

@@ -1,0 +1,192 @@
+"""What the operator sees of a pod or a node, parsed from raw API JSON (pure).
+
+Raw dicts (camelCase, as the apiserver sends them) go in; small frozen views come out. Parsing is
+defensive: a pod written by someone else, or half-initialised, never raises.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from megatron_contract.paths import PROGRESS_ANNOTATION
+from megatron_operator.core.names import (
+    CONTAINER_NAME,
+    LABEL_JOB_UID,
+    LABEL_NODE_RANK,
+    LABEL_RESTART_ATTEMPT,
+)
+
+
+def parse_time(value: object) -> datetime | None:
+    """RFC 3339 → aware datetime, or None when absent or malformed."""
+    if not isinstance(value, str) or not value:
+        return None
+    text = value.strip().replace("Z", "+00:00")
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def format_time(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _int(value: object) -> int | None:
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A parsed `megatron.dev/progress` annotation (docs/contract.md §4)."""
+
+    iteration: int
+    loss: float | None
+    tokens_per_second: float | None
+    mfu: float | None
+    checkpoint_iteration: int | None
+    time: datetime
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"iteration": self.iteration, "time": format_time(self.time)}
+        for key, value in (
+            ("loss", self.loss),
+            ("tokensPerSecond", self.tokens_per_second),
+            ("mfu", self.mfu),
+            ("checkpointIteration", self.checkpoint_iteration),
+        ):
+            if value is not None:
+                out[key] = value
+        return out
+
+
+def _float(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    f = float(value)
+    return f if math.isfinite(f) else None
+
+
+def parse_progress(text: object) -> Progress | None:
+    """The annotation's JSON, or None when missing or not in the contract's shape."""
+    if not isinstance(text, str):
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    iteration = _int(doc.get("iteration"))
+    when = parse_time(doc.get("time"))
+    if iteration is None or when is None:
+        return None
+    return Progress(
+        iteration=iteration,
+        loss=_float(doc.get("loss")),
+        tokens_per_second=_float(doc.get("tokensPerSecond")),
+        mfu=_float(doc.get("mfu")),
+        checkpoint_iteration=_int(doc.get("checkpointIteration")),
+        time=when,
+    )
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    job_uid: str | None
+    attempt: int | None
+    node_rank: int | None
+    phase: str
+    node: str | None
+    deleting: bool
+    exit_code: int | None  # of the trainer container, once terminated
+    terminated_reason: str | None  # e.g. OOMKilled, Error, Completed
+    status_reason: str | None  # pod.status.reason, e.g. Evicted
+    disruption: str | None  # reason of a True DisruptionTarget condition
+    progress: Progress | None
+    unschedulable: str | None = None  # the scheduler's message while it cannot place the pod
+
+    @property
+    def active(self) -> bool:
+        """Holds (or may still hold) resources: not terminated."""
+        return self.phase not in ("Succeeded", "Failed")
+
+
+def _trainer_state(status: dict[str, Any]) -> tuple[int | None, str | None]:
+    for cs in status.get("containerStatuses") or []:
+        if not isinstance(cs, dict) or cs.get("name") != CONTAINER_NAME:
+            continue
+        term = (cs.get("state") or {}).get("terminated")
+        if isinstance(term, dict):
+            return _int(term.get("exitCode")), term.get("reason")
+        last = (cs.get("lastState") or {}).get("terminated")
+        if isinstance(last, dict):
+            return _int(last.get("exitCode")), last.get("reason")
+    return None, None
+
+
+def _unschedulable(status: dict[str, Any]) -> str | None:
+    for cond in status.get("conditions") or []:
+        if (
+            isinstance(cond, dict)
+            and cond.get("type") == "PodScheduled"
+            and cond.get("status") == "False"
+            and cond.get("reason") == "Unschedulable"
+        ):
+            return str(cond.get("message") or "unschedulable")
+    return None
+
+
+def _disruption(status: dict[str, Any]) -> str | None:
+    for cond in status.get("conditions") or []:
+        if (
+            isinstance(cond, dict)
+            and cond.get("type") == "DisruptionTarget"
+            and cond.get("status") == "True"
+        ):
+            return str(cond.get("reason") or "DisruptionTarget")
+    return None
+
+
+def pod_view(raw: dict[str, Any]) -> PodView:
+    meta = raw.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    status = raw.get("status") or {}
+    spec = raw.get("spec") or {}
+    exit_code, term_reason = _trainer_state(status)
+    return PodView(
+        name=str(meta.get("name", "")),
+        job_uid=labels.get(LABEL_JOB_UID),
+        attempt=_int(labels.get(LABEL_RESTART_ATTEMPT)),
+        node_rank=_int(labels.get(LABEL_NODE_RANK)),
+        phase=str(status.get("phase") or "Pending"),
+        node=spec.get("nodeName"),
+        deleting=meta.get("deletionTimestamp") is not None,
+        exit_code=exit_code,
+        terminated_reason=term_reason,
+        status_reason=status.get("reason"),
+        disruption=_disruption(status),
+        progress=parse_progress(annotations.get(PROGRESS_ANNOTATION)),
+        unschedulable=_unschedulable(status),
+    )
+
+
+def node_not_ready_since(raw: dict[str, Any], now: datetime) -> datetime | None:
+    """When the node stopped being Ready, or None while it is Ready."""
+    for cond in (raw.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == "Ready":
+            if cond.get("status") == "True":
+                return None
+            return parse_time(cond.get("lastTransitionTime")) or now
+    return now  # no Ready condition at all: not ready

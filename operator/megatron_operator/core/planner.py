@@ -1,0 +1,391 @@
+"""The layout planner (pure): spec → validated plan of degrees, rank coordinates and memory.
+
+The spec is resolved into the contract's config sections and checked by the contract's layout rules
+(`megatron_contract.rules`, the same code the trainer runs), plus the rules only a spec has (the
+Kubernetes objects, the memory budget), all at once, before any GPU is allocated. Problems come
+back naming the `spec.` field, with the valid values spelled out. `api/cel.py` holds the same rules
+as CEL so the apiserver rejects bad specs on apply; the table tests run all three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from megatron_contract.config import (
+    BlendEntry,
+    DataConfig,
+    ModelConfig,
+    ProfilingConfig,
+    ResourcesConfig,
+    TokenizerConfig,
+    TrainingConfig,
+    to_json,
+)
+from megatron_contract.env import RESERVED as RESERVED_ENV
+from megatron_contract.rules import Layout, Problem, check, divisors
+from megatron_operator.api.errors import FieldError, SpecError
+from megatron_operator.api.spec import MegatronJobSpec
+from megatron_operator.core.memory import MemoryEstimate, ParallelDegrees, estimate
+from megatron_operator.core.resolve import resolve_model
+
+Dim = Literal["tp", "cp", "dp", "pp", "etp", "ep", "edp"]
+
+
+class RankCoord(NamedTuple):
+    rank: int
+    node: int
+    local_rank: int
+    tp: int
+    cp: int
+    dp: int
+    pp: int
+    ep: int
+    etp: int
+    edp: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated layout. Rank order is Megatron-Core's default `tp-cp-ep-dp-pp`."""
+
+    model: ModelConfig
+    degrees: ParallelDegrees
+    training: TrainingConfig
+    data: DataConfig
+    resources: ResourcesConfig
+    profiling: ProfilingConfig | None
+    memory: MemoryEstimate
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.nodes * self.resources.procs_per_node
+
+    @property
+    def nodes(self) -> int:
+        return self.resources.nodes
+
+    @property
+    def procs_per_node(self) -> int:
+        return self.resources.procs_per_node
+
+    @property
+    def accelerator(self) -> str:
+        return self.resources.accelerator
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.training.global_batch_size
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.training.micro_batch_size
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.training.num_microbatches
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return self.model.padded_vocab_size
+
+    @property
+    def precision(self) -> str:
+        return self.training.precision
+
+    @property
+    def gpus(self) -> int:
+        return self.world_size if self.accelerator != "none" else 0
+
+    def layout_string(self) -> str:
+        """Short form for printing, e.g. TP8·PP2·DP4 (degrees of 1 omitted, except DP)."""
+        d = self.degrees
+        parts = [("TP", d.tp), ("PP", d.pp), ("VPP", d.vpp or 1), ("CP", d.cp), ("EP", d.ep)]
+        if d.etp != d.tp and d.ep > 1:
+            parts.append(("ETP", d.etp))
+        out = [f"{k}{v}" for k, v in parts if v > 1]
+        return "·".join([*out, f"DP{d.dp}"])
+
+    def _strides(self, dim: Dim) -> tuple[int, int]:
+        d = self.degrees
+        dense = {"tp": (1, d.tp), "cp": (d.tp, d.cp), "dp": (d.tp * d.cp, d.dp)}
+        expert = {"etp": (1, d.etp), "ep": (d.etp, d.ep), "edp": (d.etp * d.ep, d.edp)}
+        if dim == "pp":
+            return self.world_size // d.pp, d.pp
+        return {**dense, **expert}[dim]
+
+    def coord(self, rank: int) -> RankCoord:
+        d = self.degrees
+        node, local = divmod(rank, self.procs_per_node)
+        tp, rest = rank % d.tp, rank // d.tp
+        cp, rest = rest % d.cp, rest // d.cp
+        dp, pp = rest % d.dp, rest // d.dp
+        etp, rest = rank % d.etp, rank // d.etp
+        ep, edp = rest % d.ep, (rest // d.ep) % d.edp
+        return RankCoord(rank, node, local, tp, cp, dp, pp, ep, etp, edp)
+
+    def ranks(self) -> list[RankCoord]:
+        """Coordinates of every rank, in rank order."""
+        return [self.coord(r) for r in range(self.world_size)]
+
+    def rank_of(self, tp: int, cp: int, dp: int, pp: int) -> int:
+        d = self.degrees
+        return tp + d.tp * (cp + d.cp * (dp + d.dp * pp))
+
+    def expert_rank_of(self, etp: int, ep: int, edp: int, pp: int) -> int:
+        d = self.degrees
+        return etp + d.etp * (ep + d.ep * (edp + d.edp * pp))
+
+    def group(self, rank: int, dim: Dim) -> list[int]:
+        """Ranks that share every coordinate with `rank` except `dim` (its process group)."""
+        stride, size = self._strides(dim)
+        base = rank - ((rank // stride) % size) * stride
+        return [base + i * stride for i in range(size)]
+
+    def to_dict(self, include_ranks: bool = True) -> dict[str, Any]:
+        d = self.degrees
+        mem = self.memory
+        out: dict[str, Any] = {
+            "layout": self.layout_string(),
+            "worldSize": self.world_size,
+            "nodes": self.nodes,
+            "procsPerNode": self.procs_per_node,
+            "gpus": self.gpus,
+            **to_json(d.config()),
+            "globalBatchSize": self.global_batch_size,
+            "microBatchSize": self.micro_batch_size,
+            "numMicrobatches": self.num_microbatches,
+            "paddedVocabSize": self.padded_vocab_size,
+            "precision": self.precision,
+            "memory": {
+                "perGpuGiB": round(mem.per_gpu_gib, 3),
+                "weightsAndOptimizerGiB": round(mem.weights_and_optimizer_gib, 3),
+                "activationsGiB": round(mem.activations_gib, 3),
+                "overheadGiB": mem.overhead_gib,
+                "parametersTotal": mem.parameters_total,
+                "parametersPerGpu": mem.parameters_per_gpu,
+            },
+        }
+        if include_ranks:
+            out["ranks"] = [
+                {
+                    "rank": c.rank,
+                    "node": c.node,
+                    "localRank": c.local_rank,
+                    "tp": c.tp,
+                    "cp": c.cp,
+                    "dp": c.dp,
+                    "pp": c.pp,
+                    "ep": c.ep,
+                    "etp": c.etp,
+                    "edp": c.edp,
+                }
+                for c in self.ranks()
+            ]
+        return out
+
+
+STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+
+
+def valid_resource_name(name: str) -> bool:
+    """What the apiserver accepts in a container's requests and limits."""
+    return name in STANDARD_RESOURCES or name.startswith("hugepages-") or "/" in name
+
+
+def _choices(values: list[int]) -> str:
+    shown = [str(v) for v in values]
+    if len(shown) > 12:
+        shown = [*shown[:11], "…", shown[-1]]
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + f" or {shown[-1]}"
+
+
+def field_error(problem: Problem) -> FieldError:
+    """A contract problem as the planner reports it: under `spec.`, with the valid values."""
+    message = problem.message
+    if problem.divisors_of is not None:
+        message += f": use {_choices(divisors(problem.divisors_of, problem.divisors_below))}"
+    return FieldError(f"spec.{problem.field}", message)
+
+
+def _e(path: str, message: str) -> FieldError:
+    return FieldError(f"spec.{path}", message)
+
+
+def _spec_rules(spec: MegatronJobSpec, dp: int | None) -> Iterator[FieldError]:
+    """Rules about the spec itself (the objects it asks for), which the trainer never sees."""
+    s = spec
+    world = s.resources.nodes * s.resources.procs_per_node
+    if dp is not None and s.parallelism.data not in ("auto", dp):
+        mp = world // dp
+        yield _e(
+            "parallelism.data",
+            f"data ({s.parallelism.data}) × tensor × pipeline × context ({mp}) = "
+            f"{int(s.parallelism.data) * mp} GPUs, but resources.nodes × resources.procsPerNode = "
+            f"{world}: set data to {dp} or 'auto'",
+        )
+    if s.topology.mode != "none" and not s.topology.key:
+        yield _e(
+            "topology.key",
+            f"topology.mode {s.topology.mode} needs a node label key, e.g. a rack label",
+        )
+    vol = s.checkpoint.volume
+    if (vol.claim_name is None) == (vol.create is None):
+        yield _e("checkpoint.volume", "set exactly one of volume.claimName or volume.create")
+    if (
+        vol.create is not None
+        and s.resources.nodes > 1
+        and ("ReadWriteMany" not in vol.create.access_modes)
+    ):
+        yield _e(
+            "checkpoint.volume.create.accessModes",
+            f"{s.resources.nodes} nodes write checkpoints to one volume: include ReadWriteMany",
+        )
+    for i, rule in enumerate(s.restart_policy.rules):
+        if rule.exit_codes is None and rule.reasons is None:
+            yield _e(f"restartPolicy.rules[{i}]", "a rule needs exitCodes, reasons or both")
+    rp = s.restart_policy
+    if rp.max_backoff_seconds < rp.backoff_seconds:
+        yield _e(
+            "restartPolicy.maxBackoffSeconds",
+            f"maxBackoffSeconds ({rp.max_backoff_seconds}) is below backoffSeconds "
+            f"({rp.backoff_seconds})",
+        )
+    for i, env in enumerate(s.env):
+        if env.name in RESERVED_ENV:
+            yield _e(f"env[{i}].name", f"{env.name} is set by the operator; remove it")
+    for kind in ("requests", "limits"):
+        bad = [k for k in getattr(s.resources, kind) if not valid_resource_name(k)]
+        if bad:
+            yield _e(
+                f"resources.{kind}",
+                f"{', '.join(repr(k) for k in bad)}: not a Kubernetes resource name; use cpu, "
+                "memory, ephemeral-storage, hugepages-<size>, or a qualified name like rdma/ib",
+            )
+    gpu = s.resources.accelerator
+    for kind in ("requests", "limits"):
+        if gpu != "none" and gpu in getattr(s.resources, kind):
+            yield _e(
+                f"resources.{kind}",
+                f"{gpu} is set from procsPerNode; remove it from resources.{kind}",
+            )
+
+
+def _layout_of(
+    spec: MegatronJobSpec, model: ModelConfig
+) -> tuple[Layout, ParallelDegrees, int | None]:
+    """The contract sections the rules check, and the degrees (dp is None when tensor × pipeline ×
+    context does not divide the world)."""
+    p, r, t = spec.parallelism, spec.resources, spec.training
+    world = r.nodes * r.procs_per_node
+    mp = p.tensor * p.pipeline * p.context
+    dp = world // mp if world % mp == 0 else None
+    etp = p.expert_tensor if p.expert_tensor is not None else p.tensor
+    expert_group = etp * p.expert * p.pipeline
+    degrees = ParallelDegrees(
+        tp=p.tensor,
+        pp=p.pipeline,
+        vpp=p.virtual_pipeline,
+        cp=p.context,
+        ep=p.expert,
+        etp=etp,
+        dp=dp or 0,
+        edp=world // expert_group if world % expert_group == 0 else 0,
+        sequence_parallel=p.sequence_parallel,
+    )
+    unit = t.micro_batch_size * (dp or 0)
+    on_gpu = r.accelerator != "none"
+    training = TrainingConfig(
+        global_batch_size=t.global_batch_size,
+        micro_batch_size=t.micro_batch_size,
+        num_microbatches=t.global_batch_size // unit if unit else 0,
+        train_iters=t.train_iters,
+        lr=t.lr,
+        min_lr=t.min_lr,
+        warmup_iters=t.warmup_iters,
+        lr_decay_style=t.lr_decay_style,
+        weight_decay=t.weight_decay,
+        clip_grad=t.clip_grad,
+        adam_beta1=t.adam_beta1,
+        adam_beta2=t.adam_beta2,
+        precision=t.precision or ("bf16" if on_gpu else "fp32"),
+        seed=t.seed,
+        recompute=t.recompute,
+        log_interval=t.log_interval,
+    )
+    d = spec.data
+    data = DataConfig(
+        mock=d.mock,
+        blend=tuple(BlendEntry(b.weight, b.prefix) for b in d.blend) if d.blend else None,
+        tokenizer=TokenizerConfig(d.tokenizer.path) if d.tokenizer else None,
+        split=d.split,
+        num_workers=0,
+    )
+    resources = ResourcesConfig(r.accelerator, r.nodes, r.procs_per_node)
+    prof = spec.profiling
+    profiling = ProfilingConfig(prof.start_step, prof.end_step, tuple(prof.ranks)) if prof else None
+    layout = Layout(model, degrees.config(), training, data, resources, profiling)
+    return layout, degrees, dp
+
+
+def validate(spec: MegatronJobSpec) -> list[FieldError]:
+    """Every layout problem of the spec (empty when valid), memory budget included."""
+    try:
+        plan(spec)
+    except SpecError as exc:
+        return exc.errors
+    return []
+
+
+def plan(spec: MegatronJobSpec) -> Plan:
+    """Validate the spec and plan its layout. Raises SpecError with every problem found."""
+    model, errors = resolve_model(spec.model, spec.parallelism.tensor)
+    if model is None:
+        raise SpecError(errors)
+    errors = list(errors)
+    layout, degrees, dp = _layout_of(spec, model)
+    errors.extend(field_error(p) for p in check(layout))
+    errors.extend(_spec_rules(spec, dp))
+    if errors or dp is None:
+        raise SpecError(errors)
+    t, r = layout.training, spec.resources
+    on_gpu = r.accelerator != "none"
+    mem = estimate(
+        model,
+        degrees,
+        model.padded_vocab_size,
+        t.micro_batch_size,
+        t.num_microbatches,
+        t.precision,
+        t.recompute,
+        distributed_optimizer=on_gpu,
+        on_gpu=on_gpu,
+    )
+    if on_gpu and mem.per_gpu_gib > r.gpu_memory_gib:
+        raise SpecError([_memory_error(mem, r.gpu_memory_gib, spec)])
+    return Plan(
+        model=model,
+        degrees=degrees,
+        training=layout.training,
+        data=layout.data,
+        resources=layout.resources,
+        profiling=layout.profiling,
+        memory=mem,
+    )
+
+
+def _memory_error(mem: MemoryEstimate, budget: float, spec: MegatronJobSpec) -> FieldError:
+    hints = ["raise parallelism.tensor or parallelism.pipeline"]
+    if spec.training.recompute != "full":
+        hints.append("set training.recompute: full")
+    if spec.training.micro_batch_size > 1:
+        hints.append("lower training.microBatchSize")
+    if not spec.parallelism.sequence_parallel and spec.parallelism.tensor > 1:
+        hints.append("turn on parallelism.sequenceParallel")
+    return FieldError(
+        "spec.resources.gpuMemoryGiB",
+        f"the plan needs about {mem.per_gpu_gib:.1f} GiB per GPU (weights and optimizer "
+        f"{mem.weights_and_optimizer_gib:.1f}, activations {mem.activations_gib:.1f}, overhead "
+        f"{mem.overhead_gib:.1f}) but gpuMemoryGiB is {budget:g}: " + ", or ".join(hints),
+    )

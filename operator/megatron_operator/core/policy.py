@@ -1,0 +1,136 @@
+"""Failure policy (pure): what a failed rank means, and what to do about it.
+
+The rules are ordered data, as in JobSet's failure policy: the job's own `restartPolicy.rules`
+first, then the defaults below; the first match decides. The operator and `mjob run --local` both
+call `decide`, so a failure is handled the same way on a cluster and on a laptop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from megatron_contract.exitcodes import ExitCode
+from megatron_operator.api.spec import FailureAction, FailureReason, FailureRule, RestartPolicySpec
+
+DEFAULT_RULES: Final[tuple[FailureRule, ...]] = (
+    # The platform took the pod away; the job did nothing wrong.
+    FailureRule.model_validate(
+        {
+            "action": "RestartNotCounted",
+            "reasons": ["DisruptionTarget", "Preempted", "Evicted", "NodeLost", "KueueEviction"],
+        }
+    ),
+    # A configuration error repeats on every attempt: fail at once.
+    FailureRule.model_validate({"action": "Fail", "exitCodes": [ExitCode.CONFIG]}),
+    # The trainer was told to stop and saved a checkpoint first.
+    FailureRule.model_validate({"action": "RestartNotCounted", "exitCodes": [ExitCode.SIGTERM]}),
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One rank's failure, as the operator (or the local runner) observed it."""
+
+    reason: FailureReason
+    exit_code: int | None = None
+    pod: str | None = None
+    node: str | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do about a failure: `action` after applying `maxRestarts`."""
+
+    action: Literal["Restart", "Fail"]
+    counted: bool
+    rule: str  # which rule matched, for events and status
+    message: str
+
+
+def _matches(rule: FailureRule, failure: Failure) -> bool:
+    if rule.exit_codes is not None and failure.exit_code not in rule.exit_codes:
+        return False
+    return not (rule.reasons is not None and failure.reason not in rule.reasons)
+
+
+def _describe(rule: FailureRule, source: str) -> str:
+    parts = []
+    if rule.exit_codes is not None:
+        parts.append(f"exitCodes {list(rule.exit_codes)}")
+    if rule.reasons is not None:
+        parts.append(f"reasons {list(rule.reasons)}")
+    return f"{source} ({', '.join(parts)}) → {rule.action}"
+
+
+def match(failure: Failure, rules: list[FailureRule]) -> tuple[FailureAction, str]:
+    """The action of the first matching rule (the job's, then the defaults), and which rule."""
+    for i, rule in enumerate(rules):
+        if _matches(rule, failure):
+            return rule.action, _describe(rule, f"rules[{i}]")
+    for i, rule in enumerate(DEFAULT_RULES):
+        if _matches(rule, failure):
+            return rule.action, _describe(rule, f"default rule {i + 1}")
+    return "Restart", "default rule 4 (anything else) → Restart"
+
+
+def decide(failure: Failure, policy: RestartPolicySpec, restarts_counted: int) -> Decision:
+    """Apply the rules and the restart budget to one failure."""
+    action, rule = match(failure, list(policy.rules))
+    what = f"{failure.pod or 'a rank'} failed ({failure.reason}"
+    what += f", exit code {failure.exit_code})" if failure.exit_code is not None else ")"
+    if action == "Fail":
+        return Decision("Fail", False, rule, f"{what}; {rule}: the job fails")
+    counted = action == "Restart"
+    if counted and restarts_counted + 1 > policy.max_restarts:
+        return Decision(
+            "Fail",
+            True,
+            rule,
+            f"{what}; maxRestarts ({policy.max_restarts}) reached after {restarts_counted} "
+            "counted restarts",
+        )
+    kind = "restart" if counted else "restart (not counted)"
+    return Decision("Restart", counted, rule, f"{what}; {rule}: gang {kind}")
+
+
+def backoff_seconds(policy: RestartPolicySpec, restarts: int) -> float:
+    """Wait before the next attempt: backoffSeconds · 2^k (k = restarts so far), capped."""
+    if policy.backoff_seconds == 0:
+        return 0.0
+    exponent = min(max(restarts, 0), 30)  # 2^30 s is far past any cap; avoid huge ints
+    return float(min(policy.backoff_seconds * 2**exponent, policy.max_backoff_seconds))
+
+
+def first_failure(failures: list[Failure]) -> Failure | None:
+    """The failure to blame when several ranks failed together.
+
+    A rank that crashed on its own is the cause; the others typically exit with a comms error
+    or SIGTERM after it. Platform reasons (node lost, eviction) outrank plain errors, since
+    they explain the errors."""
+    if not failures:
+        return None
+    priority = {
+        "NodeLost": 0,
+        "Preempted": 1,
+        "DisruptionTarget": 2,
+        "Evicted": 3,
+        "KueueEviction": 4,
+        "OOMKilled": 5,
+        "Hang": 6,
+        "PodDeleted": 7,
+        "Error": 8,
+    }
+
+    def key(f: Failure) -> tuple[int, bool, bool, str]:
+        # A config error decides the outcome (Fail); SIGTERM/SIGKILL exits are usually the
+        # launcher stopping the survivors, so they are the least likely cause.
+        return (
+            priority.get(f.reason, 9),
+            f.exit_code != ExitCode.CONFIG,
+            f.exit_code in (ExitCode.SIGTERM, ExitCode.SIGKILL),
+            f.pod or "",
+        )
+
+    return min(failures, key=key)

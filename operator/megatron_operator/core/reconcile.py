@@ -1,0 +1,455 @@
+"""The job's state machine (pure): what the operator sees → the next status and what to do.
+
+Level-triggered: every call starts from a fresh observation (the job, its pods, node readiness),
+so an operator killed at any point converges when it starts again. The shell applies an Outcome
+in a fixed order, which is what makes that true:
+
+1. write the status (one write per reconcile);
+2. emit the events (only after the write succeeded);
+3. delete pods, then create the objects in `Outcome.create` (children first, then pods).
+
+A restart is therefore recorded (attempt N+1, restarts+1) *before* any pod of attempt N is
+deleted, and pods are created only for an attempt the status already names: a crash between
+steps repeats no restart and leaves no pod behind.
+
+Pods keep their names across attempts (`<job>-<rank>`); the attempt is a label. Lifecycle of an
+attempt: Pending (creating, scheduling) → Running (every pod Running) → Succeeded (every pod
+exited 0) | a failure → Restarting (old pods deleted, then a capped exponential backoff) → the
+next attempt, or Failed when the failure rules or maxRestarts say so.
+
+The same machine drives `mjob run --local`, over process groups instead of pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from megatron_operator.api import FieldError, MegatronJob, MegatronJobSpec, SpecError, load_job
+from megatron_operator.api.status import ConditionType, EventType, Phase, Reason
+from megatron_operator.api.transitions import check_update
+from megatron_operator.core.conditions import reason_of, set_condition
+from megatron_operator.core.failures import Nodes, classify
+from megatron_operator.core.jobstatus import JobStatus
+from megatron_operator.core.names import pod_name
+from megatron_operator.core.observe import PodView, Progress, format_time, parse_time
+from megatron_operator.core.planner import Plan, plan
+from megatron_operator.core.policy import Failure, backoff_seconds, decide, first_failure
+from megatron_operator.core.render import children, pod
+
+Obj = dict[str, Any]
+C = ConditionType
+
+
+@dataclass(frozen=True)
+class Settings:
+    node_lost_grace_seconds: float = 30.0  # NotReady this long = the node is lost
+    resync_seconds: float = 60.0  # reconcile at least this often
+
+
+@dataclass(frozen=True)
+class World:
+    """One observation of a job and everything it depends on."""
+
+    job: Mapping[str, Any]  # the raw MegatronJob (metadata, spec, status)
+    pods: list[PodView]
+    now: datetime
+    not_ready_nodes: Mapping[str, datetime] = field(default_factory=dict)  # name → since
+    known_nodes: frozenset[str] | None = None  # None: not known, skip the missing-node check
+    accepted_spec: Mapping[str, Any] | None = None  # the spec the current attempt runs
+    # The apiserver refused the objects rendered from this spec (a 422), with its message.
+    rejection: str | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    type: EventType
+    reason: str
+    message: str
+
+
+@dataclass
+class Outcome:
+    status: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+    delete_pods: list[str] = field(default_factory=list)
+    # Objects to create, in order: the job's other children (get-or-create), then its pods.
+    create: list[Obj] = field(default_factory=list)
+    delete_job: bool = False
+    requeue_after: float = 60.0
+    restart_reason: str | None = None  # for the restarts_total metric
+    entered_running: bool = False
+
+    @property
+    def create_pods(self) -> list[Obj]:
+        return [o for o in self.create if o["kind"] == "Pod"]
+
+
+def _strip(doc: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: doc[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in doc}
+
+
+def _validate(
+    world: World, phase: Phase | None
+) -> tuple[MegatronJob | None, Plan | None, list[FieldError]]:
+    try:
+        job = load_job(_strip(world.job))
+        p = plan(job.spec)
+    except SpecError as exc:
+        return None, None, exc.errors
+    if world.accepted_spec is not None:
+        try:
+            old = MegatronJobSpec.model_validate(dict(world.accepted_spec))
+        except ValueError:
+            old = None  # an unreadable record is not the user's fault: accept the new spec
+        if old is not None:
+            errors = check_update(old, job.spec, suspended=phase == Phase.SUSPENDED)
+            if errors:
+                return None, None, errors
+    return job, p, []
+
+
+class _Machine:
+    """One reconcile: reads `world`, changes a copy of the status, collects actions."""
+
+    def __init__(self, world: World, settings: Settings) -> None:
+        self.w = world
+        self.s = settings
+        self.now = world.now
+        meta = world.job.get("metadata") or {}
+        self.uid: str | None = meta.get("uid")
+        self.generation: int | None = meta.get("generation")
+        self.st = JobStatus.read(world.job.get("status"))
+        self.out = Outcome(status={}, requeue_after=settings.resync_seconds)
+        self.deadlines: list[datetime] = []
+        self.nodes = Nodes(
+            world.not_ready_nodes, world.known_nodes, settings.node_lost_grace_seconds
+        )
+
+    # --- helpers
+    def cond(self, type_: ConditionType, status: bool, reason: str, message: str = "") -> bool:
+        return set_condition(
+            self.st.conditions, type_, status, reason, message, self.now, self.generation
+        )
+
+    def event(self, type_: EventType, reason: str, message: str) -> None:
+        self.out.events.append(Event(type_, reason, message))
+
+    def delete(self, pods: list[PodView]) -> None:
+        self.out.delete_pods.extend(p.name for p in pods if not p.deleting)
+
+    def mine(self, p: PodView) -> bool:
+        return p.job_uid is None or self.uid is None or p.job_uid == self.uid
+
+    def finish(self, phase: Phase, reason: str, message: str) -> None:
+        self.st.phase = phase
+        self.st.completion_time = format_time(self.now)
+        self.st.restart_at = None
+        self.cond(C.RUNNING, False, reason, message)
+        self.cond(C.RESTARTING, False, reason, message)
+        self.cond(C(phase.value), True, reason, message)
+        kind = EventType.NORMAL if phase == Phase.SUCCEEDED else EventType.WARNING
+        self.event(kind, reason, message)
+
+    # --- the steps
+    def run(self) -> Outcome:
+        job, p, errors = _validate(self.w, self.st.phase)
+        if self.w.rejection is not None:
+            errors = [
+                FieldError(
+                    "spec", f"the apiserver rejected the pods rendered from it: {self.w.rejection}"
+                )
+            ]
+        if job is None or p is None or errors:
+            self.invalid(errors)
+            return self.done()
+        self.st.observed_generation = self.generation
+        self.st.layout = p.layout_string()
+        self.st.gpus = p.gpus
+        self.st.world_size = p.world_size
+        if (
+            self.st.phase == Phase.FAILED
+            and reason_of(self.st.conditions, C.FAILED) == Reason.INVALID_SPEC
+        ):
+            self.revive()  # the spec was fixed
+        if self.st.phase in (Phase.SUCCEEDED, Phase.FAILED):
+            self.terminal(job, self.st.phase)
+            return self.done()
+        if job.spec.suspend:
+            self.suspend()
+            return self.done()
+        if self.st.phase == Phase.SUSPENDED:
+            self.resume()
+        self.active(job, p)
+        if self.st.phase in (Phase.SUCCEEDED, Phase.FAILED):
+            self.ttl(job)  # it just finished: schedule the TTL now, not at the next resync
+        return self.done()
+
+    def invalid(self, errors: list[FieldError]) -> None:
+        message = "; ".join(str(e) for e in errors)[:4000]
+        already = (
+            self.st.phase == Phase.FAILED
+            and reason_of(self.st.conditions, C.FAILED) == Reason.INVALID_SPEC
+            and self.st.observed_generation == self.generation
+        )
+        self.st.observed_generation = self.generation
+        if not already:
+            self.finish(Phase.FAILED, Reason.INVALID_SPEC, message)
+        self.delete(self.w.pods)
+
+    def revive(self) -> None:
+        self.st.phase = Phase.PENDING
+        self.st.restart_attempt += 1
+        self.st.completion_time = None
+        self.cond(C.FAILED, False, Reason.SPEC_FIXED, "the spec is valid again")
+        self.event(EventType.NORMAL, Reason.SPEC_FIXED, "the spec is valid again: starting")
+
+    def terminal(self, job: MegatronJob, phase: Phase) -> None:
+        # Nothing may hold a GPU after the end; failed jobs also drop their finished pods.
+        doomed = self.w.pods if phase == Phase.FAILED else [p for p in self.w.pods if p.active]
+        self.delete(doomed)
+        self.ttl(job)
+
+    def ttl(self, job: MegatronJob) -> None:
+        ttl = job.spec.ttl_seconds_after_finished
+        done_at = parse_time(self.st.completion_time)
+        if ttl is not None and done_at is not None:
+            expiry = done_at + timedelta(seconds=ttl)
+            if self.now >= expiry:
+                self.out.delete_job = True
+            else:
+                self.deadlines.append(expiry)
+
+    def suspend(self) -> None:
+        self.delete(self.w.pods)
+        left = len(self.w.pods)
+        message = f"waiting for {left} pods to stop" if left else "all pods stopped"
+        if self.st.phase != Phase.SUSPENDED:
+            self.st.phase = Phase.SUSPENDED
+            self.st.restart_at = None
+            self.st.running_since = None
+            self.cond(C.RUNNING, False, Reason.SUSPENDED, "spec.suspend is true")
+            self.cond(C.RESTARTING, False, Reason.SUSPENDED, "spec.suspend is true")
+            self.event(
+                EventType.NORMAL, Reason.SUSPENDED, "spec.suspend is true: stopping the pods"
+            )
+        self.cond(C.SUSPENDED, True, Reason.SUSPENDED, message)
+
+    def resume(self) -> None:
+        # A fresh attempt (not a restart): pods of the suspended attempt may still be stopping.
+        self.st.restart_attempt += 1
+        self.st.phase = Phase.PENDING
+        self.cond(C.SUSPENDED, False, Reason.RESUMED, "spec.suspend is false")
+        self.event(
+            EventType.NORMAL, Reason.RESUMED, "spec.suspend is false: starting a new attempt"
+        )
+
+    def active(self, job: MegatronJob, p: Plan) -> None:
+        n = self.st.restart_attempt
+        if self.st.phase is None:
+            self.st.phase = Phase.PENDING
+            self.event(
+                EventType.NORMAL, Reason.CREATED, f"planned {p.layout_string()}: {p.nodes} pods"
+            )
+        # Set before any child exists: the delete handler skips jobs that never started.
+        if self.st.start_time is None:
+            self.st.start_time = format_time(self.now)
+        current: list[PodView] = []
+        stale: list[PodView] = []
+        for x in self.w.pods:
+            (current if x.attempt == n and self.mine(x) else stale).append(x)
+        self.delete(stale)
+        self.copy_progress(job, current)
+
+        if self.st.phase == Phase.RESTARTING and not self.restart_wait_over(job, stale):
+            return
+        self.create_missing(job, p, n, current, stale)
+        failures = self.failures(job, p, n, current)
+        if failures:
+            self.fail_or_restart(job, failures, current)
+            return
+        self.advance(p, n, current)
+
+    def restart_wait_over(self, job: MegatronJob, stale: list[PodView]) -> bool:
+        if stale:
+            return False  # step 2: wait until every pod of the failed attempt is gone
+        start = parse_time(self.st.restart_at)
+        if start is None:
+            delay = backoff_seconds(job.spec.restart_policy, self.st.restarts - 1)
+            start = self.now + timedelta(seconds=delay)
+            self.st.restart_at = format_time(start)
+        if self.now < start:
+            self.deadlines.append(start)  # step 3: the backoff
+            return False
+        self.st.phase = Phase.PENDING
+        self.st.restart_at = None
+        self.cond(
+            C.RESTARTING, False, Reason.RESTARTED, f"attempt {self.st.restart_attempt} started"
+        )
+        return True
+
+    def create_missing(
+        self, job: MegatronJob, p: Plan, n: int, current: list[PodView], stale: list[PodView]
+    ) -> None:
+        if self.st.launched_attempt == n:
+            return
+        have = {x.name for x in current}
+        occupied = {x.name for x in stale}  # same name, older attempt, still going away
+        missing = [r for r in range(p.nodes) if pod_name(job.name, r) not in have]
+        if not missing:
+            self.st.launched_attempt = n
+            return
+        ranks = [r for r in missing if pod_name(job.name, r) not in occupied]
+        if ranks:
+            # Only the pods to create are rendered: a huge job never sits in memory whole.
+            self.out.create = [*children(job, p), *(pod(job, p, r, n) for r in ranks)]
+
+    def failures(self, job: MegatronJob, p: Plan, n: int, current: list[PodView]) -> list[Failure]:
+        found: list[Failure] = []
+        for x in current:
+            failure, look_again = classify(x, self.nodes, self.now)
+            if failure is not None:
+                found.append(failure)
+            if look_again is not None:
+                self.deadlines.append(look_again)
+        if self.st.launched_attempt == n:
+            names = {x.name for x in current}
+            found += [
+                Failure("PodDeleted", pod=pod_name(job.name, r), message="the pod disappeared")
+                for r in range(p.nodes)
+                if pod_name(job.name, r) not in names
+            ]
+        hang = self.hang(job, current)
+        if hang is not None:
+            found.append(hang)
+        return found
+
+    def hang(self, job: MegatronJob, current: list[PodView]) -> Failure | None:
+        timeout = job.spec.restart_policy.hang_timeout_seconds
+        since = parse_time(self.st.running_since)
+        if timeout == 0 or self.st.phase != Phase.RUNNING or since is None:
+            return None
+        rank0 = next((x for x in current if x.node_rank == 0), None)
+        last = since
+        if rank0 is not None and rank0.progress is not None:
+            last = max(last, rank0.progress.time)
+        deadline = last + timedelta(seconds=timeout)
+        if self.now < deadline:
+            self.deadlines.append(deadline)
+            return None
+        idle = int((self.now - last).total_seconds())
+        return Failure(
+            "Hang",
+            None,
+            rank0.name if rank0 else pod_name(job.name, 0),
+            rank0.node if rank0 else None,
+            f"no progress for {idle}s (hangTimeoutSeconds {timeout}), last at {format_time(last)}",
+        )
+
+    def fail_or_restart(
+        self, job: MegatronJob, failures: list[Failure], current: list[PodView]
+    ) -> None:
+        cause = first_failure(failures)
+        assert cause is not None
+        decision = decide(cause, job.spec.restart_policy, self.st.restarts_counted)
+        record: dict[str, Any] = {
+            "reason": cause.reason,
+            "message": cause.message or decision.message,
+            "action": decision.action
+            if decision.action == "Fail"
+            else ("Restart" if decision.counted else "RestartNotCounted"),
+            "time": format_time(self.now),
+        }
+        if cause.pod:
+            record["pod"] = cause.pod
+        if cause.node:
+            record["node"] = cause.node
+        if cause.exit_code is not None:
+            record["exitCode"] = cause.exit_code
+        self.st.last_failure = record
+        self.st.running_since = None
+        if decision.action == "Fail":
+            reason = Reason.MAX_RESTARTS_EXCEEDED if decision.counted else Reason.FAILURE_POLICY
+            self.finish(Phase.FAILED, reason, decision.message)
+            self.delete(self.w.pods)
+            return
+        self.st.restarts += 1
+        if decision.counted:
+            self.st.restarts_counted += 1
+        self.st.restart_attempt += 1
+        self.st.phase = Phase.RESTARTING
+        self.st.restart_at = None
+        self.out.restart_reason = cause.reason
+        self.cond(C.RUNNING, False, Reason.RESTARTING, decision.message)
+        self.cond(C.RESTARTING, True, cause.reason, decision.message)
+        self.event(EventType.WARNING, Reason.RESTARTING, decision.message)
+        self.delete(current)  # step 1: every pod of the attempt, with its grace period
+
+    def scheduling(self, current: list[PodView]) -> None:
+        """Say why pods wait: the scheduler's own message, on a PodsScheduled condition."""
+        stuck = [x for x in current if x.unschedulable and x.phase == "Pending"]
+        if stuck:
+            msg = (
+                f"{len(stuck)} pod(s) unschedulable, e.g. {stuck[0].name}: {stuck[0].unschedulable}"
+            )
+            self.cond(C.PODS_SCHEDULED, False, Reason.UNSCHEDULABLE, msg[:1000])
+        elif current and all(x.node for x in current):
+            self.cond(
+                C.PODS_SCHEDULED, True, Reason.ALL_PODS_SCHEDULED, f"{len(current)} pods placed"
+            )
+
+    def advance(self, p: Plan, n: int, current: list[PodView]) -> None:
+        self.scheduling(current)
+        launched = self.st.launched_attempt == n and len(current) == p.nodes
+        if launched and all(x.phase == "Succeeded" for x in current):
+            self.finish(Phase.SUCCEEDED, Reason.COMPLETED, f"all {p.nodes} pods exited 0")
+            return
+        running = launched and all(x.phase in ("Running", "Succeeded") for x in current)
+        if running and self.st.phase != Phase.RUNNING:
+            self.st.phase = Phase.RUNNING
+            self.st.running_since = format_time(self.now)
+            self.out.entered_running = True
+            message = f"{p.nodes} pods running (attempt {n})"
+            self.cond(C.RUNNING, True, Reason.ALL_PODS_RUNNING, message)
+            self.event(
+                EventType.NORMAL, Reason.RUNNING, f"all {p.nodes} pods are running (attempt {n})"
+            )
+        elif not running and self.st.phase == Phase.RUNNING:
+            self.st.phase = Phase.PENDING
+            self.st.running_since = None
+            self.cond(C.RUNNING, False, Reason.PODS_NOT_RUNNING, "not every pod is running")
+
+    def copy_progress(self, job: MegatronJob, current: list[PodView]) -> None:
+        rank0 = next((x for x in current if x.node_rank == 0 and x.progress is not None), None)
+        if rank0 is None or rank0.progress is None:
+            return
+        prog = rank0.progress
+        old_time = parse_time((self.st.progress or {}).get("time"))
+        if old_time is not None and old_time >= prog.time:
+            return
+        self.st.progress = prog.to_status()
+        self.st.progress_summary = summary(prog, job.spec.training.train_iters)
+
+    def done(self) -> Outcome:
+        self.out.status = self.st.to_raw()
+        soonest = min(self.deadlines, default=None)
+        if soonest is not None:
+            wait = max((soonest - self.now).total_seconds(), 0.0) + 0.05
+            self.out.requeue_after = min(self.out.requeue_after, wait)
+        if self.out.delete_pods or self.out.create:
+            self.out.requeue_after = min(self.out.requeue_after, 5.0)
+        return self.out
+
+
+def summary(progress: Progress, train_iters: int) -> str:
+    text = f"{progress.iteration}/{train_iters}"
+    if progress.loss is not None:
+        text += f" loss {progress.loss:.4g}"
+    return text
+
+
+def reconcile(world: World, settings: Settings | None = None) -> Outcome:
+    """Decide the next status and actions for one job. Never raises on bad input."""
+    return _Machine(world, settings or Settings()).run()

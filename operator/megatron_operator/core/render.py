@@ -1,0 +1,324 @@
+"""The renderer (pure): (job, plan, restart attempt) → every object the operator creates.
+
+Like torchx's dryrun, the result is plain data that `mjob render` prints for review; only the
+operator's `kube` module (or `mjob run --local`) acts on it. Names are deterministic, nothing here
+is random, and the same inputs always give the same objects.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from megatron_contract import env as contract_env
+from megatron_contract.config import dumps
+from megatron_contract.env import DEFAULT_MASTER_PORT
+from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY, CONFIG_MOUNT, DEFAULT_CONFIG_PATH
+from megatron_operator.api.job import API_VERSION, KIND, MegatronJob
+from megatron_operator.core.names import (
+    ANNOTATION_LAYOUT,
+    CONTAINER_NAME,
+    LABEL_JOB_NAME,
+    LABEL_JOB_UID,
+    LABEL_MANAGED_BY,
+    LABEL_NODE_RANK,
+    LABEL_RESTART_ATTEMPT,
+    MANAGED_BY,
+    SPEC_KEY,
+    config_map_name,
+    master_addr,
+    pod_name,
+    pvc_name,
+    service_name,
+    trainer_account_name,
+)
+from megatron_operator.core.planner import Plan
+from megatron_operator.core.trainer_config import trainer_config
+
+Obj = dict[str, Any]
+
+
+def owner_reference(job: MegatronJob) -> Obj:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job.name,
+        "uid": job.metadata.uid or "",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def job_labels(job: MegatronJob) -> dict[str, str]:
+    """Labels on every child, so `-l megatron.dev/job-name=<job>` finds them all."""
+    labels = {LABEL_JOB_NAME: job.name, LABEL_MANAGED_BY: MANAGED_BY}
+    if job.metadata.uid:
+        labels[LABEL_JOB_UID] = job.metadata.uid
+    return labels
+
+
+def _meta(job: MegatronJob, name: str, labels: dict[str, str] | None = None) -> Obj:
+    meta: Obj = {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": {**job_labels(job), **(labels or {})},
+    }
+    if job.metadata.uid:
+        meta["ownerReferences"] = [owner_reference(job)]
+    return meta
+
+
+def service(job: MegatronJob) -> Obj:
+    """Headless Service giving each pod a stable DNS name (publishNotReadyAddresses, so the
+    rendezvous works before readiness)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, service_name(job.name)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB_NAME: job.name},
+            "ports": [
+                {
+                    "name": "rendezvous",
+                    "port": DEFAULT_MASTER_PORT,
+                    "targetPort": DEFAULT_MASTER_PORT,
+                }
+            ],
+        },
+    }
+
+
+def config_map(job: MegatronJob, plan: Plan) -> Obj:
+    """The resolved trainer config, plus the spec it came from: the operator compares a later
+    spec with it to enforce which fields may change (api/transitions.py)."""
+    text = dumps(trainer_config(job, plan))
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(job, config_map_name(job.name)),
+        "data": {
+            CONFIG_KEY: text,
+            SPEC_KEY: json.dumps(job.spec.to_api(), sort_keys=True),
+        },
+    }
+
+
+def pvc(job: MegatronJob) -> Obj | None:
+    create = job.spec.checkpoint.volume.create
+    if create is None:
+        return None
+    spec: Obj = {
+        "accessModes": list(create.access_modes),
+        "resources": {"requests": {"storage": str(create.size)}},
+    }
+    if create.storage_class_name is not None:
+        spec["storageClassName"] = create.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(job, pvc_name(job.name)),
+        "spec": spec,
+    }
+
+
+def trainer_rbac(job: MegatronJob, plan: Plan) -> list[Obj]:
+    """A ServiceAccount whose Role can read and patch only this job's pods (for the progress
+    annotation) and nothing else."""
+    name = trainer_account_name(job.name)
+    pods = [pod_name(job.name, n) for n in range(plan.nodes)]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _meta(job, name),
+            "automountServiceAccountToken": True,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(job, name),
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods"],
+                    "resourceNames": pods,
+                    "verbs": ["get", "patch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(job, name),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
+        },
+    ]
+
+
+def _env(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> list[Obj]:
+    def field(path: str) -> Obj:
+        return {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}
+
+    e = contract_env
+    plain = {
+        e.MASTER_ADDR: master_addr(job.name, job.namespace),
+        e.MASTER_PORT: str(DEFAULT_MASTER_PORT),
+        e.WORLD_SIZE: str(plan.world_size),
+        e.NNODES: str(plan.nodes),
+        e.NODE_RANK: str(node_rank),
+        e.NPROC_PER_NODE: str(plan.procs_per_node),
+        e.CONFIG: DEFAULT_CONFIG_PATH,
+        e.JOB_NAME: job.name,
+        e.RESTART_ATTEMPT: str(attempt),
+        e.REPORT_TO_POD: "true",
+    }
+    env: list[Obj] = [{"name": k, "value": v} for k, v in plain.items()]
+    env += [
+        {"name": e.POD_NAME, "valueFrom": field("metadata.name")},
+        {"name": e.POD_NAMESPACE, "valueFrom": field("metadata.namespace")},
+    ]
+    env += [{"name": e.name, "value": e.value} for e in job.spec.env]
+    return env
+
+
+def _resources(job: MegatronJob, plan: Plan) -> Obj:
+    r = job.spec.resources
+    requests = {k: str(v) for k, v in r.requests.items()}
+    limits = {k: str(v) for k, v in r.limits.items()}
+    if r.accelerator != "none":
+        # Extended resources must have requests equal to limits.
+        requests[r.accelerator] = limits[r.accelerator] = str(plan.procs_per_node)
+    out: Obj = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _needs_ipc_lock(job: MegatronJob) -> bool:
+    # RDMA (verbs) pins memory, which needs IPC_LOCK; rdma/* is the device plugins' convention.
+    r = job.spec.resources
+    return any(k.startswith("rdma/") for k in [*r.requests, *r.limits])
+
+
+def _affinity(job: MegatronJob) -> Obj:
+    selector = {"matchLabels": {LABEL_JOB_NAME: job.name}}
+    affinity: Obj = {
+        # One pod per node: ranks are planned per node, and two pods on one node would
+        # double-book its GPUs' NVLink and NICs.
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": selector, "topologyKey": "kubernetes.io/hostname"}
+            ]
+        }
+    }
+    topo = job.spec.topology
+    if topo.mode != "none" and topo.key:
+        term = {"labelSelector": selector, "topologyKey": topo.key}
+        if topo.mode == "required":
+            affinity["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+        else:
+            affinity["podAffinity"] = {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 100, "podAffinityTerm": term}
+                ]
+            }
+    return affinity
+
+
+def _volumes(job: MegatronJob) -> list[Obj]:
+    vol = job.spec.checkpoint.volume
+    claim = vol.claim_name or pvc_name(job.name)
+    return [
+        {"name": "config", "configMap": {"name": config_map_name(job.name)}},
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}},
+        {
+            "name": "dshm",
+            "emptyDir": {"medium": "Memory", "sizeLimit": str(job.spec.resources.shm_size)},
+        },
+    ]
+
+
+def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
+    s = job.spec
+    caps: Obj = {"drop": ["ALL"]}
+    if _needs_ipc_lock(job):
+        caps["add"] = ["IPC_LOCK"]
+    container: Obj = {
+        "name": CONTAINER_NAME,
+        "image": s.image,
+        "imagePullPolicy": s.image_pull_policy,
+        "command": ["python", "-m", "megatron_trainer"],
+        "env": _env(job, plan, node_rank, attempt),
+        "ports": [{"name": "rendezvous", "containerPort": DEFAULT_MASTER_PORT}],
+        "resources": _resources(job, plan),
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+            {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": caps,
+            "runAsNonRoot": True,
+        },
+    }
+    spec: Obj = {
+        "restartPolicy": "Never",
+        "hostname": pod_name(job.name, node_rank),
+        "subdomain": service_name(job.name),
+        "serviceAccountName": trainer_account_name(job.name),
+        # Time for the trainer to save a checkpoint after SIGTERM.
+        "terminationGracePeriodSeconds": s.checkpoint.grace_period_seconds,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "affinity": _affinity(job),
+        "containers": [container],
+        "volumes": _volumes(job),
+    }
+    if s.resources.node_selector:
+        spec["nodeSelector"] = dict(s.resources.node_selector)
+    if s.resources.tolerations:
+        spec["tolerations"] = [t.to_api() for t in s.resources.tolerations]
+    if s.priority_class_name:
+        spec["priorityClassName"] = s.priority_class_name
+    labels = {
+        LABEL_RESTART_ATTEMPT: str(attempt),
+        LABEL_NODE_RANK: str(node_rank),
+    }
+    meta = _meta(job, pod_name(job.name, node_rank), labels)
+    meta["annotations"] = {ANNOTATION_LAYOUT: plan.layout_string()}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def pods(job: MegatronJob, plan: Plan, attempt: int) -> list[Obj]:
+    return [pod(job, plan, n, attempt) for n in range(plan.nodes)]
+
+
+def children(job: MegatronJob, plan: Plan) -> list[Obj]:
+    """The children other than pods, in creation order: identity, config, Service, claim."""
+    objs: list[Obj] = [*trainer_rbac(job, plan), config_map(job, plan), service(job)]
+    claim = pvc(job)
+    if claim is not None:
+        objs.append(claim)
+    return objs
+
+
+def render(job: MegatronJob, plan: Plan, attempt: int = 0) -> list[Obj]:
+    """Every child object, in creation order: identity and config first, then pods."""
+    return [*children(job, plan), *pods(job, plan, attempt)]
+
+
+def as_list(objs: list[Obj]) -> Obj:
+    """Wrap objects in a `v1/List`, the form `kubectl apply -f` accepts."""
+    return {"apiVersion": "v1", "kind": "List", "items": objs}

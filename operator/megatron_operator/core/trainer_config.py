@@ -1,0 +1,44 @@
+"""The resolved trainer configuration (docs/contract.md §2), built from a job and its plan (pure).
+
+The plan already holds the contract's sections (model, parallelism, training, data, resources,
+profiling), resolved and checked; this adds the job's identity and its checkpoint plumbing. The
+trainer never re-derives a default, so both sides agree by construction.
+"""
+
+from __future__ import annotations
+
+from megatron_contract import paths
+from megatron_contract.config import (
+    CheckpointConfig,
+    JobInfo,
+    ProgressConfig,
+    TrainerConfig,
+)
+from megatron_operator.api.job import MegatronJob
+from megatron_operator.core.planner import Plan
+
+
+def checkpoint_dir(job: MegatronJob) -> str:
+    return paths.checkpoint_dir(job.spec.checkpoint.path or job.name)
+
+
+def trainer_config(job: MegatronJob, plan: Plan) -> TrainerConfig:
+    c = job.spec.checkpoint
+    return TrainerConfig(
+        job=JobInfo(job.name, job.namespace, job.metadata.uid),
+        model=plan.model,
+        parallelism=plan.degrees.config(),
+        training=plan.training,
+        data=plan.data,
+        checkpoint=CheckpointConfig(
+            dir=checkpoint_dir(job),
+            save_interval=c.save_interval,
+            async_save=c.async_,
+            keep=c.keep,
+            sharding_type=c.sharding_type,
+            load=True,
+        ),
+        resources=plan.resources,
+        progress=ProgressConfig(paths.PROGRESS_ANNOTATION, paths.PROGRESS_MIN_INTERVAL_SECONDS),
+        profiling=plan.profiling,
+    )
