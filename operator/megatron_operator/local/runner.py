@@ -1,9 +1,12 @@
-"""Supervise a job's pods as local process groups, with the operator's restart semantics.
+"""Run a job's pods as local process groups, driven by the operator's own state machine.
 
-Any pod process exiting non-zero restarts the whole gang, decided by the operator's own failure
-policy (`policy.decide`, `policy.backoff_seconds`): the same rules, backoff and maxRestarts.
-Ctrl-C or SIGTERM stops every pod with SIGTERM, so the trainer saves a checkpoint, and escalates to
-SIGKILL after the pods' grace period.
+Each poll observes the process groups as pods (Running, Succeeded, or Failed with the exit code,
+rank 0's progress from the trainer's progress file) and hands them to `core.reconcile`, exactly
+as the operator hands it the pods it watches. The Outcome is applied the same way too: delete
+pods (SIGTERM to the process group, SIGKILL after the grace period), then create the new
+attempt's pods (start processes with the rendered pod's command and env). Failure rules, gang
+restarts, backoff, maxRestarts and hang detection therefore cannot differ between a laptop and
+a cluster. Ctrl-C or SIGTERM stops every pod with SIGTERM, so the trainer saves a checkpoint.
 """
 
 from __future__ import annotations
@@ -20,14 +23,15 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import IO, Any
 
-from megatron_operator.api.job import MegatronJob
+from megatron_operator.api.job import API_VERSION, KIND, MegatronJob
+from megatron_operator.api.status import Phase
+from megatron_operator.core.observe import PodView, parse_progress
 from megatron_operator.core.planner import Plan
-from megatron_operator.core.policy import Failure, backoff_seconds, decide, first_failure
-from megatron_operator.core.render import render
+from megatron_operator.core.reconcile import Outcome, World, reconcile
 
 from .display import Display
 from .inject import Injection, fire
-from .pods import Layout, LocalPod, local_config, local_pods
+from .pods import Layout, local_config, local_pods
 from .summary import ProgressLog, complete_checkpoints, plot_losses, write_summary
 
 POLL_SECONDS = 0.1
@@ -43,10 +47,39 @@ def free_port() -> int:
 
 @dataclass
 class Running:
-    pod: LocalPod
+    """One pod as a process group."""
+
+    name: str
+    node_rank: int
+    attempt: int
     proc: subprocess.Popen[bytes]
     log: IO[bytes]
     code: int | None = None
+
+    def view(self, uid: str | None, progress: dict[str, Any] | None) -> PodView:
+        """The pod as the state machine sees pods: a phase, an exit code, rank 0's progress."""
+        if self.code is None:
+            self.code = self.proc.poll()
+        phase = "Running" if self.code is None else "Succeeded" if self.code == 0 else "Failed"
+        report = parse_progress(json.dumps(progress)) if progress and self.node_rank == 0 else None
+        return PodView(
+            name=self.name,
+            job_uid=uid,
+            attempt=self.attempt,
+            node_rank=self.node_rank,
+            phase=phase,
+            node=None,
+            deleting=False,
+            exit_code=self.code if self.code is not None and self.code >= 0 else None,
+            terminated_reason=None
+            if self.code is None
+            else "Completed"
+            if self.code == 0
+            else "Error",
+            status_reason=None,
+            disruption=None,
+            progress=report,
+        )
 
 
 @dataclass
@@ -75,11 +108,25 @@ class LocalRunner:
         self.display = display
         self.injections = injections
         self.python = python
-        self.policy = job.spec.restart_policy
         self.grace = float(job.spec.checkpoint.grace_period_seconds)
         self.progress = ProgressLog(layout.progress)
         self.stop_signal: int | None = None
         self.started = time.monotonic()
+        self.pods: dict[str, Running] = {}
+        self.restart_iterations: list[int] = []
+        # The job as the apiserver would hold it; its status is the state machine's.
+        self.doc: dict[str, Any] = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {
+                "name": job.name,
+                "namespace": job.namespace,
+                "uid": job.metadata.uid,
+                "generation": 1,
+            },
+            "spec": job.spec.to_api(),
+            "status": {},
+        }
 
     # --- signals
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -97,65 +144,108 @@ class LocalRunner:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+            for r in self.pods.values():
+                r.log.close()
 
     def _run(self) -> Result:
         self.layout.checkpoints.mkdir(parents=True, exist_ok=True)
         self.progress.read_new()  # skip reports of an earlier run in this workdir
-        restarts = counted = 0
-        restart_iters: list[int] = []
-        attempt = 0
         while True:
-            self.display.set_attempt(attempt)
-            outcome = self._attempt(attempt)
-            if isinstance(outcome, Result):
-                outcome.restarts, outcome.restart_iterations = restarts, restart_iters
-                return outcome
-            decision = decide(outcome, self.policy, counted)
-            self.display.event(f"[attempt {attempt}] {decision.message}")
-            if outcome.message:
-                self.display.event(f"  {outcome.pod}: {outcome.message}")
-            if decision.action == "Fail":
-                why = decision.message
-                if outcome.message:
-                    why += f". Last output of {outcome.pod}: {outcome.message}"
-                return Result("Failed", outcome.reason, why, EXIT_FAILED, restarts, restart_iters)
-            restarts += 1
-            counted += int(decision.counted)
-            restart_iters.append(int((self.progress.latest or {}).get("iteration", 0)))
-            delay = backoff_seconds(self.policy, restarts - 1)
-            self.display.event(f"restarting all pods in {delay:g}s (restart {restarts})")
-            if not self._sleep(delay):
-                return self._interrupted(restarts, restart_iters)
-            attempt += 1
-
-    def _sleep(self, seconds: float) -> bool:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
+            for rec in self.progress.read_new():
+                self.display.progress(rec)
+                self._maybe_inject(rec)
             if self.stop_signal is not None:
-                return False
-            time.sleep(min(POLL_SECONDS, end - time.monotonic()))
-        return self.stop_signal is None
+                self._stop(list(self.pods.values()))
+                return self._interrupted()
+            uid = self.job.metadata.uid
+            views = [r.view(uid, self.progress.latest) for r in self.pods.values()]
+            out = reconcile(World(job=self.doc, pods=views, now=datetime.now(UTC)))
+            self._apply(out)
+            status = self.doc["status"]
+            if status.get("phase") in (Phase.SUCCEEDED, Phase.FAILED):
+                return self._result(status)
+            self._sleep(min(out.requeue_after, POLL_SECONDS))
 
-    def _interrupted(self, restarts: int = 0, restart_iters: list[int] | None = None) -> Result:
+    def _apply(self, out: Outcome) -> None:
+        """The operator's order: status (and its events), deletes, creates."""
+        before = self.doc["status"]
+        self.doc["status"] = out.status
+        attempt = int(out.status.get("restartAttempt", 0))
+        for event in out.events:
+            self.display.event(f"[attempt {before.get('restartAttempt', 0)}] {event.message}")
+        if out.status.get("restarts", 0) > before.get("restarts", 0):
+            self.restart_iterations.append(int((self.progress.latest or {}).get("iteration", 0)))
+            failed = self.pods.get(str((out.status.get("lastFailure") or {}).get("pod")))
+            if failed is not None:
+                tail = _log_tail(failed)
+                if tail:
+                    self.display.event(f"  {failed.name}: {tail}")
+        restart_at = out.status.get("restartAt")
+        if restart_at and restart_at != before.get("restartAt"):
+            self.display.event(
+                f"restarting all pods at {restart_at} (restart {out.status.get('restarts')})"
+            )
+        doomed = [self.pods[n] for n in out.delete_pods if n in self.pods]
+        if doomed:
+            self._stop(doomed)
+            for r in doomed:
+                r.log.close()
+                del self.pods[r.name]
+        if out.create_pods:
+            self._start(out.create, attempt)
+
+    def _result(self, status: dict[str, Any]) -> Result:
+        self._stop(list(self.pods.values()))
+        for rec in self.progress.read_new():
+            self.display.progress(rec)
+        cond: dict[str, Any] = next(
+            (c for c in status.get("conditions", []) if c.get("type") == status["phase"]), {}
+        )
+        restarts = int(status.get("restarts", 0))
+        if status["phase"] == Phase.SUCCEEDED:
+            return Result(
+                "Succeeded",
+                str(cond.get("reason", "Completed")),
+                str(cond.get("message", "")),
+                0,
+                restarts,
+                self.restart_iterations,
+            )
+        message = str(cond.get("message", ""))
+        last = status.get("lastFailure") or {}
+        failed = self.pods.get(str(last.get("pod")))
+        tail = _log_tail(failed) if failed is not None else ""
+        if tail:
+            message += f". Last output of {failed.name if failed else ''}: {tail}"
+        reason = str(last.get("reason") or cond.get("reason", "Failed"))
+        return Result("Failed", reason, message, EXIT_FAILED, restarts, self.restart_iterations)
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + max(seconds, 0.0)
+        while time.monotonic() < end and self.stop_signal is None:
+            time.sleep(min(POLL_SECONDS, max(end - time.monotonic(), 0.0)))
+
+    def _interrupted(self) -> Result:
         sig = self.stop_signal or signal.SIGINT
         return Result(
             "Failed",
             "Interrupted",
             f"stopped by {signal.Signals(sig).name}; the trainer checkpointed on SIGTERM",
             EXIT_INTERRUPTED.get(signal.Signals(sig), 130),
-            restarts,
-            restart_iters or [],
+            int(self.doc["status"].get("restarts", 0)),
+            self.restart_iterations,
         )
 
-    # --- one attempt
-    def _start(self, attempt: int) -> list[Running]:
-        objs = render(self.job, self.plan, attempt)
-        config = local_config(objs, self.layout)
-        self.layout.config.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    # --- pods as process groups
+    def _start(self, objs: list[dict[str, Any]], attempt: int) -> None:
+        if any(o["kind"] == "ConfigMap" for o in objs):
+            config = local_config(objs, self.layout)
+            self.layout.config.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         logs = self.layout.logs(attempt)
         logs.mkdir(parents=True, exist_ok=True)
-        running = []
-        for pod in local_pods(objs, self.layout, self.python, free_port()):
+        self.display.set_attempt(attempt)
+        port = free_port()  # a fresh rendezvous port per attempt: the last one may linger
+        for pod in local_pods(objs, self.layout, self.python, port):
             log = (logs / f"{pod.name}.log").open("wb")
             proc = subprocess.Popen(
                 pod.argv,
@@ -164,74 +254,20 @@ class LocalRunner:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: Ctrl-C reaches us, not it
             )
-            running.append(Running(pod, proc, log))
-        return running
+            self.pods[pod.name] = Running(pod.name, pod.node_rank, attempt, proc, log)
 
-    def _attempt(self, attempt: int) -> Failure | Result:
-        running = self._start(attempt)
-        hang = self.policy.hang_timeout_seconds
-        last_progress = time.monotonic()
-        try:
-            while True:
-                for rec in self.progress.read_new():
-                    last_progress = time.monotonic()
-                    self.display.progress(rec)
-                    self._maybe_inject(rec, running)
-                if self.stop_signal is not None:
-                    self._stop(running)
-                    self._drain()
-                    return self._interrupted()
-                for r in running:
-                    if r.code is None:
-                        r.code = r.proc.poll()
-                failed = [r for r in running if r.code not in (None, 0)]
-                if failed:
-                    self._stop(running)
-                    self._drain()
-                    return first_failure([self._failure(r) for r in failed]) or self._failure(
-                        failed[0]
-                    )
-                if all(r.code == 0 for r in running):
-                    self._drain()
-                    return Result("Succeeded", "Completed", f"all {len(running)} pods exited 0", 0)
-                if hang and time.monotonic() - last_progress > hang:
-                    self._stop(running)
-                    return Failure(
-                        "Hang", None, running[0].pod.name, None, f"no progress for {hang}s"
-                    )
-                time.sleep(POLL_SECONDS)
-        finally:
-            for r in running:
-                r.log.close()
-
-    def _drain(self) -> None:
-        for rec in self.progress.read_new():
-            self.display.progress(rec)
-
-    def _failure(self, r: Running) -> Failure:
-        return Failure("Error", r.code, r.pod.name, "localhost", self._log_tail(r))
-
-    @staticmethod
-    def _log_tail(r: Running, lines: int = 3) -> str:
-        try:
-            with open(r.log.name, encoding="utf-8", errors="replace") as f:
-                text = f.read()
-        except OSError:
-            return ""
-        tail = [ln for ln in text.splitlines() if ln.strip()][-lines:]
-        return " | ".join(tail)[-500:]
-
-    def _maybe_inject(self, rec: dict[str, Any], running: list[Running]) -> None:
+    def _maybe_inject(self, rec: dict[str, Any]) -> None:
         step = rec.get("iteration")
         if not isinstance(step, int):
             return
+        pids = [r.proc.pid for r in self.pods.values() if r.code is None]
         for inj in self.injections:
-            if not inj.fired and step >= inj.step and fire(inj, [r.proc.pid for r in running]):
+            if not inj.fired and step >= inj.step and fire(inj, pids):
                 self.display.event(f"injected failure: {inj.describe()} (reached step {step})")
 
-    def _stop(self, running: list[Running]) -> None:
-        """SIGTERM every pod's process group, wait up to the grace period, then SIGKILL."""
-        live = [r for r in running if r.proc.poll() is None]
+    def _stop(self, pods: list[Running]) -> None:
+        """SIGTERM each pod's process group, wait up to the grace period, then SIGKILL."""
+        live = [r for r in pods if r.proc.poll() is None]
         for r in live:
             _killpg(r.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.grace
@@ -239,7 +275,7 @@ class LocalRunner:
             for rec in self.progress.read_new():
                 self.display.progress(rec)
             time.sleep(POLL_SECONDS)
-        for r in running:
+        for r in pods:
             _killpg(r.proc.pid, signal.SIGKILL)  # also reaps helpers left in the group
             r.code = r.proc.wait()
 
@@ -270,6 +306,16 @@ class LocalRunner:
             summary["lossCurve"] = str(self.layout.loss_plot)
         write_summary(self.layout.summary, summary)
         return summary
+
+
+def _log_tail(r: Running, lines: int = 3) -> str:
+    try:
+        with open(r.log.name, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    tail = [ln for ln in text.splitlines() if ln.strip()][-lines:]
+    return " | ".join(tail)[-500:]
 
 
 def _killpg(pid: int, sig: int) -> None:
