@@ -15,6 +15,7 @@ import sys
 import warnings
 
 from .config import EXIT_CONFIG, ConfigError, load_config, runtime_env
+from .numerics import EXIT_NON_FINITE, NonFiniteLoss
 from .signals import StopFlag
 
 
@@ -51,6 +52,13 @@ def main() -> int:
     except ConfigError as err:
         print(f"megatron_trainer: {err}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
+    except NonFiniteLoss as err:
+        print(
+            f"megatron_trainer: rank {local_rank}: {err}; exiting with {EXIT_NON_FINITE}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_NON_FINITE
 
 
 def _exit(code: int) -> None:
