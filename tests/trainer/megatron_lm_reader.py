@@ -128,15 +128,18 @@ def plan_load(load_dir: Path, args: Namespace) -> LoadPlan:
         and not getattr(ckpt_args, "no_save_optim", False)
     )
     sharding = (content or {}).get("distrib_optim_sharding_type", "dp_zero_gather_scatter")
-    if loads_optimizer and args.use_distributed_optimizer:
-        if (
+    if (
+        loads_optimizer
+        and args.use_distributed_optimizer
+        and (
             ckpt_tp_pp != run_tp_pp
             and sharding not in DistributedOptimizer.checkpoint_fully_reshardable_formats
-        ):
-            raise MegatronLMRefuses(
-                f"(TP, PP) mismatch after resume ({run_tp_pp} vs {ckpt_tp_pp} from checkpoint):"
-                f" not supported for DistributedOptimizer with sharding type {sharding}"
-            )
+        )
+    ):
+        raise MegatronLMRefuses(
+            f"(TP, PP) mismatch after resume ({run_tp_pp} vs {ckpt_tp_pp} from checkpoint):"
+            f" not supported for DistributedOptimizer with sharding type {sharding}"
+        )
     # The sharded state dict Megatron-LM generates holds `rng_state` only when loading it, with
     # get_rng_state's ShardedObject: global shape (PP, TP), or (PP, TP, DP) with EP > 1.
     rng = sharded_objects(checkpoint, "rng_state") if loads_rng else {}
