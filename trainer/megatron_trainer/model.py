@@ -226,10 +226,23 @@ def _define_missing_te_gemm() -> None:
         moe_utils.te_general_gemm = None
 
 
+def _mla_without_te() -> None:
+    """Megatron-Core 0.16.1 without TE: megatron.core.extensions.transformer_engine imports with
+    a MagicMock in place of TE, so multi_latent_attention's `HAVE_TE` is True and its
+    `isinstance(self.linear_proj, TELinear)` raises TypeError (TELinear is a mock instance) when
+    every MLA layer is built. Its HAVE_TE only guards that TE-only fp8/fp4 branch; setting it to
+    what is true (no TE) lets MLA build with the local spec."""
+    from megatron.core.transformer import multi_latent_attention
+
+    multi_latent_attention.HAVE_TE = False
+
+
 def layer_spec(
     cfg: TrainerConfig, config: TransformerConfig, platform: Platform, vp_stage: int | None
 ) -> Any:
     te = use_transformer_engine(platform)
+    if cfg.model.mla is not None and not te:
+        _mla_without_te()
     if cfg.model.moe is not None:
         if not te:
             _define_missing_te_gemm()
