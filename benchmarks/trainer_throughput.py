@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "trainer"))
 from megatron_contract.config import parse_config  # noqa: E402 - after the path tweak
 from megatron_trainer.flops import flops_per_step  # noqa: E402
 
-PEAK_NOTE = "MFU against the dense bf16 peak (H100/H200 SXM: 989 TFLOP/s)"
+PEAK_NOTE = "MFU against the dense bf16 peak (H100/H200 SXM 989, NVL 835, H100 PCIe 756 TFLOP/s)"
 
 
 def model_1p3b() -> dict[str, Any]:

@@ -24,6 +24,8 @@ POD_NAME: Final = "POD_NAME"
 POD_NAMESPACE: Final = "POD_NAMESPACE"
 # Never set by the operator: `STEP[:RANK[:KILL|TERM]][,…]` for chaos tests (spec.env may set it).
 INJECT_FAILURE: Final = "MEGATRON_INJECT_FAILURE"
+# Never set by the operator: "<iteration>" makes that iteration's loss NaN on every rank (tests).
+INJECT_NAN_LOSS: Final = "MEGATRON_INJECT_NAN_LOSS"
 
 DEFAULT_MASTER_PORT: Final = 29500
 

@@ -7,6 +7,11 @@ from enum import IntEnum
 
 class ExitCode(IntEnum):
     OK = 0
+    # The loss or the gradients became NaN/Inf; the step failed before anything was saved. The
+    # same number as Megatron-LM's EXIT_CODE_FAILED_ON_RESULT_VALIDATION. A restart would replay
+    # the same data onto the same weights, so the operator's default rule fails the job (a
+    # restartPolicy rule can choose Restart instead, e.g. after lowering the learning rate).
+    NON_FINITE = 17
     # EX_CONFIG: the job can never run as written; the operator fails it at once.
     CONFIG = 78
     # 128 + SIGTERM: told to stop, saved a checkpoint first; a restart that is not counted.

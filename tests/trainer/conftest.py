@@ -57,3 +57,9 @@ def reference_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered here (not in pyproject's markers list) so the trainer tests own it; the
+    # module marked `gpu` skips itself without CUDA.
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (tests/trainer/test_gpu.py)")

@@ -3,7 +3,7 @@
 Megatron-Core's local `DotProductAttention` materialises the s×s score matrix. SDPA picks a fused
 kernel instead (flash / memory-efficient on GPU, a fused CPU kernel on CPU), so this is what the
 local spec uses when Transformer Engine is absent. It follows the `CoreAttention` call protocol:
-inputs are [seq, batch, heads, head_dim], the output is [seq, batch, heads·head_dim].
+inputs are [seq, batch, heads, head_dim], the output is [seq, batch, heads·value_head_dim].
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ class SDPAttention(MegatronModule):  # type: ignore[misc]
         softmax_scale: float | None = None,
         cp_comm_type: str | None = None,
         pg_collection: Any = None,
+        k_channels: int | None = None,
+        v_channels: int | None = None,
     ) -> None:
         super().__init__(config=config)
         if config.context_parallel_size != 1:
@@ -38,8 +40,12 @@ class SDPAttention(MegatronModule):  # type: ignore[misc]
         self.dropout_p = (
             config.attention_dropout if attention_dropout is None else attention_dropout
         )
-        # MLA passes its own scale; otherwise the usual 1/sqrt(head_dim).
-        self.softmax_scale = softmax_scale or 1.0 / math.sqrt(config.kv_channels)
+        # MLA passes its own scale and its head dims: a query/key dim (k_channels, the no-RoPE
+        # plus the RoPE part) that differs from the value dim (v_channels). SDPA takes a value
+        # head dim different from the query/key dim, and the output has the value dim.
+        self.k_channels = k_channels or config.kv_channels
+        self.v_channels = v_channels or config.kv_channels
+        self.softmax_scale = softmax_scale or 1.0 / math.sqrt(self.k_channels)
 
     def forward(
         self,

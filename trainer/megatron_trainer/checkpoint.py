@@ -13,20 +13,19 @@ directory only because the tracker names it.
 from __future__ import annotations
 
 import logging
+import math
 import os
-import pickle
-import random
 import shutil
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
-from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.dist_checkpointing.serialization import (
     get_default_load_sharded_strategy,
     get_default_save_sharded_strategy,
@@ -42,12 +41,24 @@ from megatron_contract.config import CheckpointConfig, TrainerConfig
 from megatron_contract.errors import ConfigError
 
 from . import optim_compat
+from .decisions import save_sharding_type
+from .interchange import (
+    CHECKPOINT_VERSION,
+    capture_rng,
+    megatron_lm_args,
+    restore_rng,
+    rng_sharded_object,
+)
 from .platform import Platform
 
 log = logging.getLogger(__name__)
 
 TRACKER = "latest_checkpointed_iteration.txt"
-FORMAT_VERSION = 1
+# 2: RNG state in Megatron-LM's layout, Megatron-LM `args`, the step's loss, per-save sharding.
+FORMAT_VERSION = 2
+# Format 1 stored the RNG state in our own layout: its weights, optimizer and data position load,
+# its RNG state is not restored.
+READABLE_FORMATS = frozenset({1, 2})
 # Model fields that do not change the architecture or the meaning of the data position; they may
 # change across a resume. Everything else in `model` must match the checkpoint.
 _MUTABLE_MODEL_FIELDS = frozenset({"recipe", "attentionDropout", "hiddenDropout"})
@@ -136,30 +147,81 @@ def model_fingerprint(model_json: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in model_json.items() if k not in _MUTABLE_MODEL_FIELDS}
 
 
-# ---------------------------------------------------------------------------------------------
-# RNG state (one blob per rank; only reloadable on the same TP/PP/DP layout)
+def read_loss(path: Path) -> float | None:
+    """The training loss recorded with the checkpoint at `path` (None if unknown)."""
+    try:
+        common = torch.load(path / "common.pt", map_location="cpu", weights_only=True)
+    except Exception:  # unreadable or pre-format-2: treat as unknown
+        return None
+    loss = (common.get("trainer") or {}).get("loss")
+    return float(loss) if isinstance(loss, int | float) else None
 
 
-def capture_rng(platform: Platform) -> torch.Tensor:
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state() if platform.is_cuda else None,
-        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
-    }
-    # Pickled into a uint8 tensor so that loading stays within torch.load(weights_only=True).
-    return torch.frombuffer(bytearray(pickle.dumps(state)), dtype=torch.uint8)
+def checkpoints_to_prune(
+    complete: list[int], keep: int, losses: Mapping[int, float | None]
+) -> list[int]:
+    """Which complete checkpoints to delete so that `keep` newest remain (0 keeps all).
+
+    The newest checkpoint saved with a finite loss is never deleted, even when `keep` newer ones
+    exist: if later checkpoints hold a NaN/Inf (or unknown) loss, it is the one to go back to.
+    """
+    if keep == 0:
+        return []
+    newest_first = sorted(complete, reverse=True)
+    kept = set(newest_first[:keep])
+    finite = [i for i in newest_first if _finite(losses.get(i))]
+    if finite:
+        kept.add(finite[0])
+    return sorted(i for i in complete if i not in kept)
 
 
-def restore_rng(blob: torch.Tensor, platform: Platform) -> None:
-    state = pickle.loads(blob.numpy().tobytes())
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if platform.is_cuda and state["cuda"] is not None:
-        torch.cuda.set_rng_state(state["cuda"])
-    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+def _finite(loss: float | None) -> bool:
+    return loss is not None and math.isfinite(loss)
+
+
+class Pruner:
+    """Deletes old checkpoints on rank 0 in a background thread, after a save is complete.
+
+    Deleting a big checkpoint on a network filesystem takes minutes; inside the save's
+    finalisation (a collective) every other rank would wait in it, up to the process group's
+    10-minute timeout. One worker thread, so prunes run one at a time and in order.
+    """
+
+    def __init__(self, root: Path, keep: int, remove: Callable[[Path], None] | None = None) -> None:
+        self.root, self.keep = root, keep
+        self.remove = remove or remove_dir
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-prune")
+        self.lock = threading.Lock()
+        self.pending: list[Future[list[int]]] = []
+
+    def submit(self, newest: int) -> Future[list[int]]:
+        future = self.pool.submit(self._prune, newest)
+        with self.lock:
+            self.pending = [f for f in self.pending if not f.done()] + [future]
+        return future
+
+    def _prune(self, newest: int) -> list[int]:
+        complete = [i for i in scan(self.root).complete if i <= newest]
+        losses = {i: read_loss(iteration_dir(self.root, i)) for i in complete}
+        doomed = checkpoints_to_prune(complete, self.keep, losses)
+        for iteration in doomed:
+            self.remove(iteration_dir(self.root, iteration))
+        if doomed:
+            log.info("pruned checkpoint(s) %s (keep %d)", doomed, self.keep)
+        return doomed
+
+    def wait(self) -> None:
+        with self.lock:
+            pending = list(self.pending)
+        for future in pending:
+            try:
+                future.result()
+            except Exception as err:  # pruning is housekeeping: never fail the job for it
+                log.warning("pruning checkpoints failed: %s", err)
+
+    def close(self) -> None:
+        self.wait()
+        self.pool.shutdown(wait=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,7 +242,12 @@ class Checkpointer:
         self.root = Path(cfg.checkpoint.dir)
         self.platform = platform
         self.rank = torch.distributed.get_rank()
-        self.async_queue = AsyncCallsQueue() if cfg.checkpoint.async_save else None
+        self.async_queue = (
+            AsyncCallsQueue(persistent=persistent_async_worker(platform.is_cuda))
+            if cfg.checkpoint.async_save
+            else None
+        )
+        self.pruner = Pruner(self.root, cfg.checkpoint.keep) if self.rank == 0 else None
         self.newest: int | None = None  # newest complete checkpoint (for progress reports)
         self.save_strategy: Any = None
         p = cfg.parallelism
@@ -267,6 +334,8 @@ class Checkpointer:
         is_loading: bool,
         with_rng: bool,
     ) -> dict[str, Any]:
+        """Megatron-LM's `generate_state_dict` layout (model/modelN, optimizer,
+        opt_param_scheduler, rng_state), so either side can load the other's checkpoint."""
         metadata = self._metadata(sharding_type)
         state: dict[str, Any] = {}
         # Below DDP (which has no sharded_state_dict of its own), so keys read
@@ -278,19 +347,8 @@ class Checkpointer:
         )
         state["opt_param_scheduler"] = scheduler.state_dict()
         if with_rng:
-            pp = parallel_state.get_pipeline_model_parallel_world_size()
-            tp = parallel_state.get_tensor_model_parallel_world_size()
-            dp = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
-            state["rng_state"] = ShardedObject(
-                "rng_state",
-                capture_rng(self.platform),
-                (pp, tp, dp),
-                (
-                    parallel_state.get_pipeline_model_parallel_rank(),
-                    parallel_state.get_tensor_model_parallel_rank(),
-                    parallel_state.get_data_parallel_rank(with_context_parallel=True),
-                ),
-                replica_id=0,
+            state["rng_state"] = rng_sharded_object(
+                None if is_loading else [capture_rng(self.platform)]
             )
         return state
 
@@ -305,8 +363,10 @@ class Checkpointer:
         scheduler: Any,
         *,
         blocking: bool = False,
+        loss: float | None = None,
     ) -> None:
-        """Save `iteration`. Async when configured and not `blocking` (e.g. on SIGTERM)."""
+        """Save `iteration`. Async when configured and not `blocking` (the final save of a run:
+        SIGTERM or the last iteration). `loss` is the step's training loss, kept for pruning."""
         if self.async_queue is not None:
             # One save in flight at a time, so the tracker always moves forward.
             self.async_queue.maybe_finalize_async_calls(blocking=True)
@@ -318,15 +378,24 @@ class Checkpointer:
             path.mkdir(parents=True)
         torch.distributed.barrier()
         started = time.monotonic()
+        if model[0].ddp_config.overlap_param_gather:
+            # With the overlapped all-gather, this rank's parameters are only gathered in the
+            # next forward pass; save the updated ones (Megatron-LM's force_param_sync).
+            for chunk in model:
+                chunk.start_param_sync(force_sync=True)
+        sharding = save_sharding_type(self.ckpt.sharding_type, final=blocking)
         state = self._state_dict(
-            model,
-            optimizer,
-            scheduler,
-            sharding_type=self.ckpt.sharding_type,
-            is_loading=False,
-            with_rng=True,
+            model, optimizer, scheduler, sharding_type=sharding, is_loading=False, with_rng=True
         )
         state["iteration"] = iteration
+        state["checkpoint_version"] = CHECKPOINT_VERSION
+        state["args"] = megatron_lm_args(
+            self.cfg,
+            iteration=iteration,
+            consumed_samples=consumed_samples,
+            sharding_type=sharding,
+            moe_grouped_gemm=bool(getattr(model[0].config, "moe_grouped_gemm", False)),
+        )
         state["trainer"] = {
             "formatVersion": FORMAT_VERSION,
             "iteration": iteration,
@@ -334,8 +403,9 @@ class Checkpointer:
             "globalBatchSize": self.cfg.training.global_batch_size,
             "model": model_fingerprint(self.cfg.model_json),
             "layout": self.layout,
-            "shardingType": self.ckpt.sharding_type,
+            "shardingType": sharding,
             "jobUid": self.cfg.job.uid,
+            "loss": loss,
         }
         use_async = self.async_queue is not None and not blocking
         request = dist_checkpointing.save(
@@ -344,18 +414,17 @@ class Checkpointer:
             sharded_strategy=self._save_strategy(),
             async_sharded_save=use_async,
             content_metadata={
-                k: v
-                for k, v in self._metadata(self.ckpt.sharding_type).items()
-                if k != "dp_cp_group"
+                k: v for k, v in self._metadata(sharding).items() if k != "dp_cp_group"
             },
         )
 
         def finished() -> None:
-            if self.rank == 0:
+            if self.pruner is not None:
                 write_tracker(self.root, iteration)
-                self._prune(iteration)
+                # Off the critical path: the other ranks are already past this collective.
+                self.pruner.submit(iteration)
             self.newest = iteration
-            log.info("checkpoint %d complete (%s)", iteration, path)
+            log.info("checkpoint %d complete (%s, %s)", iteration, path, sharding)
 
         if use_async:
             assert request is not None and self.async_queue is not None
@@ -379,15 +448,6 @@ class Checkpointer:
             )
         return self.save_strategy
 
-    def _prune(self, newest: int) -> None:
-        """Keep the `keep` newest complete checkpoints (rank 0, after `newest` is complete);
-        keep 0 keeps them all."""
-        if self.ckpt.keep == 0:
-            return
-        older = [i for i in scan(self.root).complete if i < newest]
-        for iteration in older[: max(0, len(older) - (self.ckpt.keep - 1))]:
-            remove_dir(iteration_dir(self.root, iteration))
-
     def finalize(self, blocking: bool = False) -> None:
         """Finish async saves that are done (all of them if `blocking`). Collective."""
         if self.async_queue is not None:
@@ -396,6 +456,8 @@ class Checkpointer:
     def close(self) -> None:
         if self.async_queue is not None:
             self.async_queue.close()
+        if self.pruner is not None:
+            self.pruner.close()
 
     # -- load ------------------------------------------------------------------------------
 
@@ -404,10 +466,16 @@ class Checkpointer:
         common = TorchCommonLoadStrategy().load_common(path)
         saved = self._check_compatible(common, path)
         saved_layout = saved["layout"]
-        same_rng_layout = all(
-            saved_layout.get(k) == self.layout[k] for k in ("tensor", "pipeline", "context", "data")
+        # Megatron-LM's rule: the RNG state is per (PP, TP) rank (per DP rank too with EP).
+        rng_keys = ("tensor", "pipeline") + (
+            ("expert", "data", "context") if (self.layout["expert"] or 1) > 1 else ()
         )
-        if not same_rng_layout:
+        same_rng_layout = all(saved_layout.get(k) == self.layout[k] for k in rng_keys)
+        if saved["formatVersion"] < FORMAT_VERSION:
+            log.warning("%s has checkpoint format %s: RNG states are not restored", path,
+                        saved["formatVersion"])  # fmt: skip
+            same_rng_layout = False
+        elif not same_rng_layout:
             log.warning(
                 "layout changed since %s (%s -> %s): RNG states are not restored (they are per "
                 "rank); data order, weights and optimizer state are",
@@ -435,9 +503,20 @@ class Checkpointer:
         for key, chunk in _model_keys(model):
             chunk.module.load_state_dict(loaded[key], strict=True)
         optim_compat.load_optimizer_state(optimizer, loaded["optimizer"])
-        scheduler.load_state_dict(loaded["opt_param_scheduler"])
+        saved_schedule = loaded["opt_param_scheduler"]
+        changes = schedule_changes(saved_schedule, scheduler.state_dict())
+        if changes:
+            log.warning(
+                "RESUME: the learning-rate schedule changed since %s: %s; continuing with this "
+                "job's schedule from step %s",
+                path,
+                "; ".join(changes),
+                saved_schedule.get("num_steps"),
+            )
+        # override_opt_param_scheduler: only the step count comes from the checkpoint.
+        scheduler.load_state_dict(saved_schedule)
         if same_rng_layout:
-            restore_rng(loaded["rng_state"], self.platform)
+            restore_rng(loaded["rng_state"][0], self.platform)
         return Resumed(
             iteration=int(saved["iteration"]), consumed_samples=int(saved["consumedSamples"])
         )
@@ -445,12 +524,12 @@ class Checkpointer:
     def _check_compatible(self, common: Mapping[str, Any], path: Path) -> dict[str, Any]:
         """ConfigError (exit 78) when this job cannot continue from the checkpoint at `path`."""
         saved = common.get("trainer")
-        if not isinstance(saved, dict) or saved.get("formatVersion") != FORMAT_VERSION:
+        if not isinstance(saved, dict) or saved.get("formatVersion") not in READABLE_FORMATS:
             raise ConfigError(
                 [
-                    f"checkpoint.dir: {path} was not written by this trainer (format "
-                    f"{FORMAT_VERSION}); point checkpoint.dir at an empty directory or at this "
-                    "job's own checkpoints"
+                    f"checkpoint.dir: {path} was not written by this trainer (formats "
+                    f"{sorted(READABLE_FORMATS)}); point checkpoint.dir at an empty directory or "
+                    "at this job's own checkpoints"
                 ]
             )
         problems = []
@@ -486,6 +565,31 @@ class Checkpointer:
         if problems:
             raise ConfigError(problems)
         return dict(saved)
+
+
+_SCHEDULE_FIELDS = (
+    "max_lr", "min_lr", "lr_warmup_steps", "lr_decay_steps", "lr_decay_style",
+    "start_wd", "end_wd", "wd_incr_steps", "wd_incr_style",
+)  # fmt: skip
+
+
+def schedule_changes(saved: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
+    """'field: checkpoint -> job' for each OptimizerParamScheduler setting that differs."""
+    return [
+        f"{key}: {saved.get(key)!r} -> {ours.get(key)!r}"
+        for key in _SCHEDULE_FIELDS
+        if saved.get(key) != ours.get(key)
+    ]
+
+
+def persistent_async_worker(is_cuda: bool) -> bool:
+    """The async-save caller: Megatron-LM 0.16.1 only allows async save with its persistent
+    worker (arguments.py disables --async-save without --use-persistent-ckpt-worker): the
+    fork-per-save caller can write pinned host buffers that were already freed. The persistent
+    worker is a spawned process that calls `torch.cuda.set_device(rank % device_count())`, which
+    divides by zero without a GPU, so the CPU platform (no pinned memory, nothing to free early)
+    keeps the fork-per-save caller."""
+    return is_cuda
 
 
 def _model_keys(model: list[Any]) -> list[tuple[str, Any]]:

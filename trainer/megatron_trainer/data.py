@@ -169,7 +169,8 @@ class DataParallelBatchSampler(Sampler[list[int]]):
 
 
 class MicroBatches:
-    """Hands out each step's micro-batches for this DP rank, from `consumed_samples` on."""
+    """Hands out each step's micro-batches for this DP rank, from `consumed_samples` on, each cut
+    to this context-parallel rank's share of the sequence."""
 
     def __init__(
         self,
@@ -178,6 +179,8 @@ class MicroBatches:
         consumed_samples: int,
         dp_rank: int,
         device: torch.device,
+        cp_size: int = 1,
+        cp_rank: int = 0,
     ) -> None:
         t = cfg.training
         total = t.train_iters * t.global_batch_size
@@ -193,10 +196,40 @@ class MicroBatches:
         self.iterator = iter(self.loader)
         self.num_microbatches = t.num_microbatches
         self.device = device
+        self.cp_size, self.cp_rank = cp_size, cp_rank
 
     def next_step(self) -> list[dict[str, torch.Tensor]]:
         batches = []
         for _ in range(self.num_microbatches):
             batch = next(self.iterator)
-            batches.append({k: v.to(self.device, non_blocking=True) for k, v in batch.items()})
+            on_device = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            batches.append(split_for_context_parallel(on_device, self.cp_size, self.cp_rank))
         return batches
+
+
+def split_for_context_parallel(
+    batch: dict[str, torch.Tensor], cp_size: int, cp_rank: int
+) -> dict[str, torch.Tensor]:
+    """This CP rank's part of every [batch, seq] tensor: Megatron-Core's load-balanced split.
+
+    The sequence is cut into 2·cp chunks and rank r keeps chunks r and 2·cp−1−r, so with causal
+    attention every rank gets the same amount of work (megatron/core/utils.py
+    `get_batch_on_this_cp_rank`, which Megatron-LM applies to tokens, labels, loss mask and
+    positions; TE's context-parallel attention and RoPE expect exactly this order). Each token
+    lands on one CP rank, so summing token counts over the DP×CP group counts each token once.
+    """
+    if cp_size == 1:
+        return batch
+    chunks = 2 * cp_size
+    index = torch.tensor([cp_rank, chunks - 1 - cp_rank])
+    out = {}
+    for key, value in batch.items():
+        seq = value.shape[1]
+        if seq % chunks:
+            raise ValueError(
+                f"{key}: sequence length {seq} is not divisible by 2 × context parallel size"
+            )
+        split = value.view(value.shape[0], chunks, seq // chunks, *value.shape[2:])
+        kept = split.index_select(1, index.to(value.device))
+        out[key] = kept.reshape(value.shape[0], -1, *value.shape[2:])
+    return out

@@ -29,6 +29,7 @@ from megatron_contract.env import RuntimeEnv, runtime_env
 from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
 
+from .decisions import CUDA_DEVICE_MAX_CONNECTIONS, cuda_env_defaults
 from .signals import LAUNCHER_PID_ENV
 from .validate import validate
 
@@ -55,8 +56,13 @@ def exit_code(status: int) -> int:
 
 
 def rank_env(
-    environ: Mapping[str, str], env: RuntimeEnv, local_rank: int, cpu: bool
+    environ: Mapping[str, str],
+    env: RuntimeEnv,
+    local_rank: int,
+    cpu: bool,
+    parallel: tuple[int, int] = (1, 1),
 ) -> dict[str, str]:
+    """The environment of one local rank. `parallel` is (tensor, context) parallel size."""
     child = dict(environ)
     child.update(
         RANK=str(env.global_rank(local_rank)),
@@ -66,17 +72,27 @@ def rank_env(
         PYTHONUNBUFFERED="1",
     )
     child[LAUNCHER_PID_ENV] = str(os.getpid())
-    if cpu and "OMP_NUM_THREADS" not in environ:
-        # Share the pod's cores between its ranks instead of every rank using all of them.
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        child["OMP_NUM_THREADS"] = str(max(1, (cores or 1) // env.nproc_per_node))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    defaults = cuda_env_defaults(*parallel, cores or 1, env.nproc_per_node)
+    if cpu:
+        defaults.pop(CUDA_DEVICE_MAX_CONNECTIONS, None)
+    for name, value in defaults.items():
+        # The pod's own env (spec.env) wins: these are defaults, as in Megatron-LM's scripts.
+        child.setdefault(name, value)
     return child
 
 
 class Supervisor:
-    def __init__(self, env: RuntimeEnv, cpu: bool, command: Sequence[str]) -> None:
+    def __init__(
+        self,
+        env: RuntimeEnv,
+        cpu: bool,
+        command: Sequence[str],
+        parallel: tuple[int, int] = (1, 1),
+    ) -> None:
         self.env = env
         self.cpu = cpu
+        self.parallel = parallel
         self.command = list(command)
         self.ranks: dict[int, subprocess.Popen[bytes]] = {}
         self.codes: dict[int, int] = {}
@@ -88,7 +104,7 @@ class Supervisor:
         for local_rank in range(self.env.nproc_per_node):
             proc = subprocess.Popen(
                 self.command,
-                env=rank_env(os.environ, self.env, local_rank, self.cpu),
+                env=rank_env(os.environ, self.env, local_rank, self.cpu, self.parallel),
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - the launcher is single-threaded
             )
             self.ranks[proc.pid] = proc
@@ -213,7 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     supervisor = Supervisor(
-        env, config.platform == "cpu", [sys.executable, "-m", "megatron_trainer.worker"]
+        env,
+        config.platform == "cpu",
+        [sys.executable, "-m", "megatron_trainer.worker"],
+        (config.parallelism.tensor, config.parallelism.context),
     )
     supervisor.start()
     return supervisor.wait()

@@ -29,8 +29,10 @@ from megatron_contract.exitcodes import ExitCode
 
 from .checkpoint import Checkpointer
 from .data import MicroBatches, build_dataset
+from .decisions import rank_seed
 from .flops import flops_per_step, tflops_per_gpu
 from .model import build_model, transformer_config
+from .numerics import NonFiniteLoss, check_loss, is_non_finite_grad_error, nan_injection_iteration
 from .platform import Platform, setup_platform
 from .progress import PodAnnotator, ProgressReporter, Report
 from .signals import StopFlag, inject_failures
@@ -77,26 +79,34 @@ def _host(addr: str) -> str:
 
 
 def _seed_everything(seed: int) -> None:
+    """Seed every RNG of this rank with `seed` (the stage's seed: see choices.rank_seed)."""
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
-    # The model-parallel RNG tracker (dropout inside TP regions); on CPU it is the CPU RNG.
+    # The model-parallel RNG tracker (TP-sharded weight init on GPU, dropout inside TP regions);
+    # on CPU it is the CPU RNG.
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
-def _loss_func(loss_mask: torch.Tensor, output: torch.Tensor) -> tuple[Any, Any, dict[str, Any]]:
-    """Sum of token losses and the token count; Megatron divides by the global token count."""
+def _loss_func(
+    loss_mask: torch.Tensor, poison: bool, output: torch.Tensor
+) -> tuple[Any, Any, dict[str, Any]]:
+    """Sum of token losses and the token count; Megatron divides by the global token count.
+    A NaN/Inf loss raises NonFiniteLoss here, before its backward pass."""
     mask = loss_mask.view(-1).float()
     loss_sum = torch.sum(output.float().view(-1) * mask)
+    if poison:  # MEGATRON_INJECT_NAN_LOSS
+        loss_sum = loss_sum * float("nan")
     tokens = mask.sum()
+    check_loss(loss_sum, tokens)
     report = torch.stack([loss_sum.detach(), tokens.detach()])
     return loss_sum, tokens.to(torch.int), {"lm loss": report}
 
 
-def _forward_step(data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:
+def _forward_step(poison: bool, data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:
     batch = next(data_iterator)
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
-    return output, partial(_loss_func, batch["loss_mask"])
+    return output, partial(_loss_func, batch["loss_mask"], poison)
 
 
 class Trainer:
@@ -110,15 +120,18 @@ class Trainer:
         _init_distributed(cfg, env, self.rank, self.platform)
         self._log_rank0("process groups ready (%.1fs)", time.monotonic() - started)
         t = cfg.training
-        _seed_everything(t.seed)
+        # Megatron-LM's seeding: each pipeline stage gets its own seed, so on GPU (where weights
+        # are drawn from the device RNG) stages do not start from identical layer weights.
+        self.seed = rank_seed(t.seed, parallel_state.get_pipeline_model_parallel_rank())
+        _seed_everything(self.seed)
         init_num_microbatches_calculator(
             self.rank, None, t.global_batch_size, t.micro_batch_size, cfg.parallelism.data
         )
         self.tconfig = transformer_config(cfg, self.platform)
         self.model = build_model(cfg, self.platform, self.tconfig)
-        # Same seed on every rank after construction (construction consumed layout-dependent
-        # amounts of randomness); dropout and other runtime randomness start from here.
-        _seed_everything(t.seed)
+        # Reseed after construction (construction consumed layout-dependent amounts of
+        # randomness); dropout and other runtime randomness start from here.
+        _seed_everything(self.seed)
         self.optimizer = get_megatron_optimizer(self._optimizer_config(), self.model)
         self._log_rank0("model and optimizer built (%.1fs)", time.monotonic() - started)
         gbs = t.global_batch_size
@@ -134,11 +147,25 @@ class Trainer:
             end_wd=t.weight_decay,
             wd_incr_steps=t.train_iters * gbs,
             wd_incr_style="constant",
+            # The spec's schedule wins over the checkpoint's on resume (raising trainIters must
+            # lengthen the decay); Checkpointer.load logs every value that changed.
+            override_opt_param_scheduler=True,
+            use_checkpoint_opt_param_scheduler=False,
         )
         self.tconfig.grad_scale_func = self.optimizer.scale_loss
         self.tconfig.finalize_model_grads_func = finalize_model_grads
         no_sync = [m.no_sync for m in self.model]
         self.tconfig.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+        ddp = self.model[0].ddp_config
+        if ddp.overlap_grad_reduce:
+            # Megatron-LM's align_grad_reduce (default): the schedule starts each chunk's
+            # reduce-scatter when its last backward finishes.
+            grad_sync = [m.start_grad_sync for m in self.model]
+            self.tconfig.grad_sync_func = grad_sync[0] if len(grad_sync) == 1 else grad_sync
+        if ddp.overlap_param_gather and self.tconfig.overlap_p2p_comm:
+            # Megatron-LM's align_param_gather, on only when interleaving (arguments.py).
+            param_sync = [m.start_param_sync for m in self.model]
+            self.tconfig.param_sync_func = param_sync[0] if len(param_sync) == 1 else param_sync
 
         self.checkpointer = Checkpointer(cfg, self.platform)
         self.iteration = 0
@@ -161,8 +188,15 @@ class Trainer:
             )
         dataset = build_dataset(cfg, t.train_iters * gbs)
         self.data = MicroBatches(
-            dataset, cfg, consumed, parallel_state.get_data_parallel_rank(), self.platform.device
+            dataset,
+            cfg,
+            consumed,
+            parallel_state.get_data_parallel_rank(),
+            self.platform.device,
+            cp_size=parallel_state.get_context_parallel_world_size(),
+            cp_rank=parallel_state.get_context_parallel_rank(),
         )
+        self.nan_iteration = nan_injection_iteration()
         self.consumed_samples = consumed
         self.forward_backward = get_forward_backward_func()
         self.flops = flops_per_step(cfg.model, gbs)
@@ -225,16 +259,21 @@ class Trainer:
         self.optimizer.zero_grad()
         batches = self.data.next_step()
         iterators = [iter(batches) for _ in self.model]
-        losses = self.forward_backward(
-            forward_step_func=_forward_step,
-            data_iterator=iterators if len(iterators) > 1 else iterators[0],
-            model=self.model,
-            num_microbatches=cfg.training.num_microbatches,
-            seq_length=cfg.model.seq_length,
-            micro_batch_size=cfg.training.micro_batch_size,
-            decoder_seq_length=cfg.model.seq_length,
-            forward_only=False,
-        )
+        try:
+            losses = self.forward_backward(
+                forward_step_func=partial(_forward_step, self.iteration == self.nan_iteration),
+                data_iterator=iterators if len(iterators) > 1 else iterators[0],
+                model=self.model,
+                num_microbatches=cfg.training.num_microbatches,
+                seq_length=cfg.model.seq_length,
+                micro_batch_size=cfg.training.micro_batch_size,
+                decoder_seq_length=cfg.model.seq_length,
+                forward_only=False,
+            )
+        except RuntimeError as err:
+            if is_non_finite_grad_error(err):
+                raise NonFiniteLoss(f"gradients are not finite: {err}") from err
+            raise
         updated, grad_norm, _ = self.optimizer.step()
         if updated:
             self.scheduler.step(increment=cfg.training.global_batch_size)
@@ -304,6 +343,7 @@ class Trainer:
                     self.optimizer,
                     self.scheduler,
                     blocking=stopping or last,
+                    loss=step.loss,
                 )
             else:
                 self.checkpointer.finalize(blocking=False)

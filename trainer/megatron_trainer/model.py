@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import torch
@@ -24,7 +25,16 @@ from megatron_contract.config import TrainerConfig
 from megatron_contract.errors import ConfigError
 
 from .attention import SDPAttention
+from .decisions import (
+    attention_choice,
+    ddp_options,
+    derive_p2p_flags,
+    fused_ops,
+    gradient_accumulation_fusion,
+)
 from .platform import Platform
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {
     "fp32": torch.float32,
@@ -42,8 +52,36 @@ def use_transformer_engine(platform: Platform) -> bool:
     return transformer_engine_available()
 
 
+def apex_available(platform: Platform) -> bool:
+    if not platform.is_cuda:
+        return False
+    from .platform.cuda import apex_grad_accum_available
+
+    return apex_grad_accum_available()
+
+
 def transformer_config(cfg: TrainerConfig, platform: Platform) -> TransformerConfig:
-    """Map the resolved config onto Megatron-Core's TransformerConfig (or MLATransformerConfig)."""
+    """Map the resolved config onto Megatron-Core's TransformerConfig (or MLATransformerConfig).
+
+    Megatron-Core's own checks (ValueError/AssertionError in __post_init__) become a ConfigError,
+    so a model it rejects exits 78 (fail the job) instead of 1 (a counted restart).
+    """
+    kwargs = transformer_config_kwargs(cfg, platform)
+    try:
+        if cfg.model.mla is not None:
+            return MLATransformerConfig(**kwargs)
+        return TransformerConfig(**kwargs)
+    except (ValueError, AssertionError) as err:
+        raise ConfigError(
+            [f"model: Megatron-Core {_MCORE} rejects this model configuration: {err}"]
+        ) from err
+
+
+_MCORE = "0.16.1"
+
+
+def transformer_config_kwargs(cfg: TrainerConfig, platform: Platform) -> dict[str, Any]:
+    """The keyword arguments of the TransformerConfig, derived from the config and platform."""
     m, p, t = cfg.model, cfg.parallelism, cfg.training
     te = use_transformer_engine(platform)
     if t.precision == "fp8" and not te:
@@ -96,19 +134,15 @@ def transformer_config(cfg: TrainerConfig, platform: Platform) -> TransformerCon
         # weights do not depend on the TP layout (and, with per-layer seeds, on PP). On GPU that
         # would be slow for big models, so weights are initialised on the device.
         "use_cpu_initialization": not platform.is_cuda,
-        # Fusions need CUDA kernels (TE or Megatron's JIT); plain ops on CPU.
-        "bias_activation_fusion": platform.is_cuda and m.activation in ("swiglu", "gelu"),
-        "bias_dropout_fusion": platform.is_cuda,
-        "masked_softmax_fusion": platform.is_cuda,
-        # TE's fused RoPE; for MLA Megatron only fuses YaRN, and we use plain RoPE there.
-        "apply_rope_fusion": te and m.mla is None,
-        "gradient_accumulation_fusion": te,
-        "cross_entropy_loss_fusion": platform.is_cuda,
-        # gloo matches a batch of isend/irecv between the same two ranks first-in-first-out, so
-        # with PP=2 and interleaving an activation and a gradient of equal shape arrive swapped.
-        # The unbatched path orders the sends by rank parity over two groups, which gloo matches.
-        "batch_p2p_comm": platform.is_cuda,
+        "gradient_accumulation_fusion": gradient_accumulation_fusion(te, apex_available(platform)),
     }
+    # Fusions: only those Megatron-Core accepts for this activation/bias, and only on CUDA.
+    kwargs.update(
+        fused_ops(m.activation, m.add_bias_linear, platform.is_cuda, te, m.mla is not None)
+    )
+    # Never batch two sends to the same peer (PP=2 with interleaving): see derive_p2p_flags.
+    flags = derive_p2p_flags(p.pipeline, p.virtual_pipeline, platform.is_cuda)
+    kwargs.update(overlap_p2p_comm=flags.overlap_p2p_comm, batch_p2p_comm=flags.batch_p2p_comm)
     if t.recompute == "selective":
         kwargs["recompute_granularity"] = "selective"
     elif t.recompute == "full":
@@ -144,8 +178,7 @@ def transformer_config(cfg: TrainerConfig, platform: Platform) -> TransformerCon
             rope_type="rope",
             rotary_base=m.rope_theta,
         )
-        return MLATransformerConfig(**kwargs)
-    return TransformerConfig(**kwargs)
+    return kwargs
 
 
 def _squared_relu(x: torch.Tensor) -> torch.Tensor:
@@ -195,10 +228,23 @@ def _define_missing_te_gemm() -> None:
         moe_utils.te_general_gemm = None
 
 
+def _mla_without_te() -> None:
+    """Megatron-Core 0.16.1 without TE: megatron.core.extensions.transformer_engine imports with
+    a MagicMock in place of TE, so multi_latent_attention's `HAVE_TE` is True and its
+    `isinstance(self.linear_proj, TELinear)` raises TypeError (TELinear is a mock instance) when
+    every MLA layer is built. Its HAVE_TE only guards that TE-only fp8/fp4 branch; setting it to
+    what is true (no TE) lets MLA build with the local spec."""
+    from megatron.core.transformer import multi_latent_attention
+
+    multi_latent_attention.HAVE_TE = False
+
+
 def layer_spec(
     cfg: TrainerConfig, config: TransformerConfig, platform: Platform, vp_stage: int | None
 ) -> Any:
     te = use_transformer_engine(platform)
+    if cfg.model.mla is not None and not te:
+        _mla_without_te()
     if cfg.model.moe is not None:
         if not te:
             _define_missing_te_gemm()
@@ -228,6 +274,14 @@ def layer_spec(
 
 def build_model(cfg: TrainerConfig, platform: Platform, config: TransformerConfig) -> list[Any]:
     """Model chunks (one per virtual pipeline stage), wrapped for bf16 and in Megatron DDP."""
+    spec, why = attention_choice(
+        use_transformer_engine(platform),
+        platform.is_cuda,
+        cfg.model.mla is not None,
+        cfg.model.moe is not None,
+    )
+    if torch.distributed.get_rank() == 0:
+        log.info("model: %s, because %s", spec, why)
     vpp = config.virtual_pipeline_model_parallel_size
     chunks = []
     for stage in range(vpp or 1):
@@ -257,10 +311,10 @@ def build_model(cfg: TrainerConfig, platform: Platform, config: TransformerConfi
         chunks = [Float16Module(config, m) for m in chunks]
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
-        overlap_grad_reduce=platform.is_cuda,
         use_distributed_optimizer=True,
         # Fixed, not DP-dependent: the dp_reshardable optimizer format depends on buckets.
         bucket_size=40_000_000,
+        **ddp_options(platform.is_cuda),
     )
     wrapped = [
         DistributedDataParallel(config, ddp_config, module=m, disable_bucketing=i > 0)

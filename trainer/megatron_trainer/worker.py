@@ -19,6 +19,7 @@ from megatron_contract.env import runtime_env
 from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
 
+from .numerics import NonFiniteLoss
 from .signals import StopFlag
 
 
@@ -55,6 +56,13 @@ def main() -> int:
     except ConfigError as err:
         print(f"megatron_trainer: {err}", file=sys.stderr, flush=True)
         return ExitCode.CONFIG
+    except NonFiniteLoss as err:
+        print(
+            f"megatron_trainer: rank {local_rank}: {err}; exiting with {int(ExitCode.NON_FINITE)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return ExitCode.NON_FINITE
 
 
 def _exit(code: int) -> None:

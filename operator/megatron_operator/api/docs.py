@@ -54,7 +54,8 @@ Built-in defaults, after your rules:
 | 1 | reasons `DisruptionTarget`, `Preempted`, `Evicted`, `NodeLost`, `KueueEviction` | `RestartNotCounted` |
 | 2 | exit code 78 (the trainer's configuration error) | `Fail` |
 | 3 | exit code 143 (the trainer saved a checkpoint after SIGTERM) | `RestartNotCounted` |
-| 4 | anything else | `Restart` |
+| 4 | exit code 17 (the loss or gradients became NaN/Inf; nothing was saved for that step) | `Fail` |
+| 5 | anything else | `Restart` |
 """
 
 

@@ -72,7 +72,7 @@ def match(failure: Failure, rules: list[FailureRule]) -> tuple[FailureAction, st
     for i, rule in enumerate(DEFAULT_RULES):
         if _matches(rule, failure):
             return rule.action, _describe(rule, f"default rule {i + 1}")
-    return "Restart", "default rule 4 (anything else) → Restart"
+    return "Restart", f"default rule {len(DEFAULT_RULES) + 1} (anything else) → Restart"
 
 
 def decide(failure: Failure, policy: RestartPolicySpec, restarts_counted: int) -> Decision:

@@ -6,13 +6,20 @@ import functools
 
 import torch
 
-# Dense bf16/fp16 peak TFLOP/s per GPU (vendor datasheets, SXM parts), for MFU. Unknown devices
-# report mfu = null rather than a guess.
+# Dense (no sparsity) bf16/fp16 peak TFLOP/s per GPU from NVIDIA's datasheets, for MFU: half the
+# "with sparsity" figure. The PCIe and NVL parts run at lower clocks/power than SXM and have their
+# own peaks. Matched against torch.cuda.get_device_name(), longest key first, so "H100 PCIe" wins
+# over "H100" (the SXM part reports "NVIDIA H100 80GB HBM3"). Unknown devices report mfu = null
+# rather than a guess.
 PEAK_BF16_TFLOPS: dict[str, float] = {
-    "H100": 989.0,
-    "H200": 989.0,
-    "H800": 989.0,
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
+    "H100": 989.0,  # SXM
+    "H200 NVL": 835.0,
+    "H200": 989.0,  # SXM
     "GH200": 989.0,
+    "H800 PCIe": 756.0,
+    "H800": 989.0,
     "A100": 312.0,
     "A800": 312.0,
     "B200": 2250.0,
@@ -50,9 +57,22 @@ def peak_tflops(precision: str) -> float | None:
     """Peak dense TFLOP/s of this GPU for `precision`, or None when unknown."""
     if precision not in ("bf16", "fp16", "fp8") or not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name()
+    # MFU is quoted against the bf16 peak even for fp8, as Megatron-LM does.
+    return peak_for_device(torch.cuda.get_device_name())
+
+
+def peak_for_device(name: str) -> float | None:
+    """The dense bf16 peak of the GPU called `name` (as CUDA reports it), or None."""
     for key in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):
         if key in name:
-            # MFU is quoted against the bf16 peak even for fp8, as Megatron-LM does.
             return PEAK_BF16_TFLOPS[key]
     return None
+
+
+@functools.cache
+def apex_grad_accum_available() -> bool:
+    """Apex's `fused_weight_gradient_mlp_cuda` extension, which Megatron's own linear layers
+    need for gradient_accumulation_fusion (choices.gradient_accumulation_fusion)."""
+    import importlib.util
+
+    return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None

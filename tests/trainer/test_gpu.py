@@ -1,0 +1,99 @@
+"""Checks that need CUDA (issue 12, "GPU readiness"), marked `gpu`; skipped without a GPU.
+
+Run on a machine with one GPU: `pytest -m gpu tests/trainer/test_gpu.py`. Each run is a real
+`python -m megatron_trainer` on NCCL with one rank, as a one-GPU pod would run it.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from megatron_contract.env import INJECT_NAN_LOSS
+from megatron_contract.exitcodes import ExitCode
+from megatron_trainer.checkpoint import TRACKER, iteration_dir, read_tracker
+
+from .trainer_configs import tiny_config
+from .trainer_runs import run_trainer
+
+pytestmark = [
+    pytest.mark.trainer,
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def gpu_config(ckpt: Path, **training: Any) -> dict[str, Any]:
+    cfg = tiny_config(ckpt, **training)
+    cfg["training"]["precision"] = "bf16"
+    cfg["resources"]["accelerator"] = "nvidia.com/gpu"
+    return cfg
+
+
+def test_bf16_training_on_one_gpu_lowers_the_loss(workdir: Path) -> None:
+    run = run_trainer(gpu_config(workdir / "ckpt", trainIters=40, save_interval=100), workdir)
+    assert run.returncode == 0, run.output[-4000:]
+    losses = run.losses()
+    assert sorted(losses) == list(range(1, 41))
+    assert all(math.isfinite(v) for v in losses.values())
+    assert losses[40] < losses[1] - 0.5, losses
+    assert all(r["mfu"] is None or 0 < r["mfu"] < 1 for r in run.progress)
+
+
+def test_sdpa_takes_the_flash_kernel() -> None:
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from megatron_trainer.attention import SDPAttention
+
+    config = TransformerConfig(
+        num_layers=1, hidden_size=256, num_attention_heads=4, num_query_groups=2,
+        kv_channels=64, bf16=True, params_dtype=torch.bfloat16,
+    )  # fmt: skip
+    attention = SDPAttention(config, 1, AttnMaskType.causal, "self").cuda()
+    q = torch.randn(128, 2, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(128, 2, 2, 64, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(128, 2, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # raises if flash cannot run these inputs
+        flash = attention(q, k, v, None)
+    with sdpa_kernel([SDPBackend.MATH]):
+        reference = attention(q, k, v, None)
+    assert flash.shape == (128, 2, 256)
+    assert torch.allclose(flash.float(), reference.float(), atol=2e-2)
+
+
+def test_async_save_with_the_persistent_worker_loads_back_identically(workdir: Path) -> None:
+    ckpt = workdir / "ckpt"
+    cfg = gpu_config(ckpt, trainIters=6, save_interval=2)
+    cfg["checkpoint"].update(keep=0, **{"async": True})
+    full = run_trainer(cfg, workdir, name="full")
+    assert full.returncode == 0, full.output[-4000:]
+    assert "checkpoint 4: async save started" in full.output
+    # Resume from the async-saved iteration 4, as a restart after losing iteration 6 would.
+    shutil.rmtree(iteration_dir(ckpt, 6))
+    (ckpt / TRACKER).write_text("4\n")
+    resumed = run_trainer(cfg, workdir, name="resumed")
+    assert resumed.returncode == 0, resumed.output[-4000:]
+    assert "RESUME: loading checkpoint iteration 4" in resumed.output
+    before, after = full.losses(), resumed.losses()
+    # Iteration 5's loss is a forward pass of the loaded weights on the same data.
+    assert after[5] == before[5]
+    assert after[6] == pytest.approx(before[6], rel=1e-3)
+
+
+def test_nan_loss_exits_non_finite_before_saving(workdir: Path) -> None:
+    ckpt = workdir / "ckpt"
+    run = run_trainer(
+        gpu_config(ckpt, trainIters=6, save_interval=1),
+        workdir,
+        extra_env={INJECT_NAN_LOSS: "3"},
+    )
+    assert run.returncode == ExitCode.NON_FINITE, run.output[-4000:]
+    assert read_tracker(ckpt) == 2
+    assert not iteration_dir(ckpt, 3).exists()
