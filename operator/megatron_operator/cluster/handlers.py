@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 
 from megatron_operator.api.job import GROUP, PLURAL, VERSION
-from megatron_operator.cluster.controller import Controller
+from megatron_operator.cluster.controller import Controller, NodeLookup
 from megatron_operator.cluster.watch import NodeReadiness, Watcher, node_watcher, pod_watchers
 from megatron_operator.core.names import DOMAIN, FINALIZER
 
@@ -169,14 +169,21 @@ async def run_job(
     key = (namespace, name)
     wake = runtime.wakeups.setdefault(key, asyncio.Event())
     loop = asyncio.get_running_loop()
-    lookup = runtime.nodes.lookup if runtime.nodes is not None else None
+
+    def lookup() -> NodeLookup | None:
+        """Node readiness, but only once the node list is complete: before that, a pod's node
+        missing from the cache says nothing (an operator restart must not restart jobs)."""
+        node_watches = [w for w in runtime.watchers if w.name == "nodes"]
+        synced = bool(node_watches) and all(w.synced.is_set() for w in node_watches)
+        return runtime.nodes.lookup if runtime.nodes is not None and synced else None
+
     try:
         while not stopped:
             wake.clear()
             try:
                 delay = await loop.run_in_executor(
                     runtime.pool,
-                    functools.partial(controller.reconcile_job, namespace, name, lookup),
+                    functools.partial(controller.reconcile_job, namespace, name, lookup()),
                 )
             except Exception:  # never let one bad reconcile kill the loop; retry soon
                 log.exception("reconcile of %s/%s failed; retrying", namespace, name)

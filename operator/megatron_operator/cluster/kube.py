@@ -173,6 +173,12 @@ class Kube:
             return self.core.list_pod_for_all_namespaces(**kw)
         return self.core.list_namespaced_pod(namespace, **kw)
 
+    def list_nodes(self) -> tuple[list[Obj], str | None]:
+        """Every node, and the resourceVersion to watch from."""
+        doc = _json(self.core.list_node)
+        version = (doc.get("metadata") or {}).get("resourceVersion")
+        return list(doc.get("items") or []), str(version) if version else None
+
     def watch_nodes(self, version: str | None, timeout: int) -> Any:
         return self.core.list_node(**self._watch_args(version, timeout))
 

@@ -28,20 +28,28 @@ WATCH_SECONDS = 300  # server-side timeout of one watch call; then it reconnects
 
 
 class Watcher(threading.Thread):
-    """Watch one kind forever (reconnecting from the last resourceVersion), calling `handle`
-    with (event type, object) for every event."""
+    """List, then watch one kind forever (reconnecting from the last resourceVersion), calling
+    `handle` with (event type, object) for every object listed and every event.
+
+    `synced` is set once the initial list has been handled, as an informer's HasSynced: until
+    then the cache is incomplete, and nothing may be concluded from what it lacks (a node the
+    list has not delivered yet is not a lost node)."""
 
     def __init__(
         self,
         name: str,
         start_watch: Callable[[str | None], Any],
         handle: Callable[[str, dict[str, Any]], None],
+        list_all: Callable[[], tuple[list[dict[str, Any]], str | None]] | None = None,
+        on_synced: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name=name, daemon=True)
         self.start_watch = start_watch
         self.handle = handle
+        self.list_all = list_all
+        self.on_synced = on_synced
         self.stopping = threading.Event()
-        self.synced = threading.Event()  # the initial state (the first ADDED burst) is in
+        self.synced = threading.Event()
 
     def stop(self) -> None:
         self.stopping.set()
@@ -50,6 +58,8 @@ class Watcher(threading.Thread):
         version: str | None = None
         while not self.stopping.is_set():
             try:
+                if version is None and self.list_all is not None:
+                    version = self._list()
                 version = self._stream(version)
             except ApiException as exc:
                 if exc.status == 410:  # our resourceVersion is too old: start over
@@ -60,6 +70,16 @@ class Watcher(threading.Thread):
             except Exception as exc:  # network errors, a restarted apiserver: keep watching
                 log.warning("%s: watch interrupted (%s); retrying", self.name, exc)
                 time.sleep(1)
+
+    def _list(self) -> str | None:
+        items, version = self.list_all() if self.list_all is not None else ([], None)
+        for obj in items:
+            self.handle("ADDED", obj)
+        if not self.synced.is_set():
+            self.synced.set()
+            if self.on_synced is not None:
+                self.on_synced()
+        return version
 
     def _stream(self, version: str | None) -> str | None:
         resp = self.start_watch(version)
@@ -75,7 +95,8 @@ class Watcher(threading.Thread):
                         version = self._event(line) or version
         finally:
             resp.release_conn()
-        self.synced.set()  # a full watch period passed: whatever came is the state
+        if self.list_all is None:
+            self.synced.set()  # a full watch period passed: whatever came is the state
         return version
 
     def _event(self, line: bytes) -> str | None:
@@ -86,7 +107,8 @@ class Watcher(threading.Thread):
             raise ApiException(status=code, reason=obj.get("reason"))
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if kind == "BOOKMARK":
-            self.synced.set()
+            if self.list_all is None:
+                self.synced.set()
         elif kind in ("ADDED", "MODIFIED", "DELETED"):
             self.handle(kind, obj)
         return str(version) if version else None
@@ -105,6 +127,12 @@ class NodeReadiness:
         self.on_change = on_change
         self.lock = threading.Lock()
         self.nodes: dict[str, datetime | None] = {}
+        self.listed = False  # the initial list is in: from now on, changes wake the jobs
+
+    def synced(self) -> None:
+        """The initial list is in: wake every job once (not once per listed node)."""
+        self.listed = True
+        self.on_change()
 
     def handle(self, kind: str, node: dict[str, Any]) -> None:
         name = (node.get("metadata") or {}).get("name")
@@ -118,7 +146,8 @@ class NodeReadiness:
             else:
                 self.nodes[name] = since
             after = _state(kind != "DELETED", since)
-        if before != after:  # heartbeats arrive all the time; only readiness changes matter
+        # Heartbeats arrive all the time; only readiness changes matter.
+        if before != after and self.listed:
             self.on_change()
 
     def lookup(self, node: str) -> tuple[bool, datetime | None]:
@@ -148,6 +177,11 @@ def pod_watchers(
 
 
 def node_watcher(kube: Kube, readiness: NodeReadiness) -> Watcher:
+    """Nodes are listed first: node-loss decisions wait for the whole list (`synced`)."""
     return Watcher(
-        "nodes", lambda version: kube.watch_nodes(version, WATCH_SECONDS), readiness.handle
+        "nodes",
+        lambda version: kube.watch_nodes(version, WATCH_SECONDS),
+        readiness.handle,
+        list_all=kube.list_nodes,
+        on_synced=readiness.synced,
     )

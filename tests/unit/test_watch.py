@@ -1,0 +1,77 @@
+"""The node cache's sync rule: nothing is concluded about nodes before the whole list is in.
+
+An operator restart used to read every pod's node as gone (the node watch had not delivered it
+yet) and gang-restart every running job. The Watcher now lists first, then watches from the
+list's resourceVersion, and says `synced` only after the list was handled.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from megatron_operator.cluster.watch import NodeReadiness, Watcher
+
+
+class _Stream:
+    def __init__(self, events: list[dict[str, Any]], stop: threading.Event) -> None:
+        self.body = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+        self.stop = stop
+
+    def stream(self, amt: Any = None, decode_content: bool = True) -> Any:
+        yield self.body
+        self.stop.set()
+
+    def release_conn(self) -> None:
+        pass
+
+
+def _node(name: str, ready: bool, version: str = "1") -> dict[str, Any]:
+    cond = {"type": "Ready", "status": "True" if ready else "False"}
+    cond["lastTransitionTime"] = "2026-11-23T12:00:00Z"
+    meta = {"name": name, "resourceVersion": version}
+    return {"metadata": meta, "status": {"conditions": [cond]}}
+
+
+def test_nodes_are_listed_before_the_watch_and_synced_only_then() -> None:
+    wakes: list[int] = []
+    readiness = NodeReadiness(lambda: wakes.append(1))
+    watched_from: list[str | None] = []
+    seen_at_watch: list[bool] = []
+
+    watcher: Watcher
+
+    def start_watch(version: str | None) -> _Stream:
+        watched_from.append(version)
+        seen_at_watch.append(watcher.synced.is_set())
+        event = {"type": "MODIFIED", "object": _node("gpu-node-1", False, "11")}
+        return _Stream([event], watcher.stopping)
+
+    listed = [_node(f"gpu-node-{i}", True) for i in range(1024)]
+    watcher = Watcher(
+        "nodes",
+        start_watch,
+        readiness.handle,
+        list_all=lambda: (listed, "10"),
+        on_synced=readiness.synced,
+    )
+    assert not watcher.synced.is_set()
+    assert readiness.lookup("gpu-node-5") == (False, None)  # unknown, not yet "gone"
+    watcher.run()  # in this thread: list, one watch stream, then the stream stops it
+    assert watched_from == ["10"]  # watched from the list's resourceVersion, not from scratch
+    assert seen_at_watch == [True]
+    assert readiness.lookup("gpu-node-5") == (True, None)
+    exists, since = readiness.lookup("gpu-node-1")
+    assert exists and since is not None  # the watch's NotReady change arrived
+    # One wake for the whole list (not 1,024), one for the readiness change.
+    assert len(wakes) == 2
+
+
+def test_a_heartbeat_does_not_wake_the_jobs() -> None:
+    wakes: list[int] = []
+    readiness = NodeReadiness(lambda: wakes.append(1))
+    readiness.synced()
+    readiness.handle("ADDED", _node("a", True))
+    readiness.handle("MODIFIED", _node("a", True, "2"))
+    assert len(wakes) == 2  # synced, then "a" appeared; the heartbeat changed nothing
