@@ -93,22 +93,44 @@ def test_unknown_recipe() -> None:
     ("change", "expected"),
     [
         ({"parallelism": {"tensor": 3}}, "numAttentionHeads (4) is not divisible by"),
-        ({"parallelism": {"data": 2}}, "parallelism.data (2) must be world"),
+        ({"parallelism": {"data": 2}}, "parallelism.data: data (2) must be world"),
         ({"parallelism": {"pipeline": 3, "data": 1}}, "tensor × pipeline × context"),
-        ({"parallelism": {"virtualPipeline": 2}}, "virtualPipeline needs parallelism.pipeline > 1"),
-        ({"training": {"globalBatchSize": 7}}, "globalBatchSize (7) must be divisible"),
+        (
+            {"parallelism": {"virtualPipeline": 2}},
+            "virtualPipeline > 1 needs parallelism.pipeline > 1",
+        ),
+        ({"training": {"globalBatchSize": 7}}, "globalBatchSize (7) must be a multiple of"),
         ({"training": {"numMicrobatches": 3}}, "numMicrobatches (3) must be"),
-        ({"training": {"warmupIters": 10}}, "warmupIters (10) must be < training.trainIters"),
-        ({"model": {"maxPositionEmbeddings": 64}}, "maxPositionEmbeddings (64) must be >="),
-        ({"model": {"paddedVocabSize": 1000}}, "paddedVocabSize (1000) must be >="),
-        ({"resources": {"procsPerNode": 2}}, "parallelism.data (1) must be world"),
+        ({"training": {"warmupIters": 10}}, "warmupIters (10) must be below trainIters"),
+        ({"model": {"maxPositionEmbeddings": 64}}, "maxPositionEmbeddings (64) is below seqLength"),
+        (
+            {"model": {"paddedVocabSize": 1000}},
+            "padded vocabulary (1000) must be at least vocabSize",
+        ),
+        ({"resources": {"procsPerNode": 2}}, "parallelism.data: data (1) must be world"),
         (
             {"parallelism": {"tensor": 2}, "resources": {"nodes": 2, "procsPerNode": 1}},
-            "tensor-parallel groups stay inside one node",
+            "tensor-parallel group stays inside one node",
         ),
         (
             {"parallelism": {"sequenceParallel": True}},
             "sequenceParallel needs parallelism.tensor > 1",
+        ),
+        (
+            {
+                "model": {
+                    "moe": {
+                        "numExperts": 4,
+                        "routerTopK": 2,
+                        "ffnHiddenSize": 352,
+                        "sharedExpertFfnHiddenSize": None,
+                        "firstKDenseLayers": 4,
+                        "auxLossCoeff": 0.01,
+                        "tokenDispatcher": "allgather",
+                    }
+                }
+            },
+            "firstKDenseLayers (4) must be below numLayers (4)",
         ),
     ],
 )
@@ -126,15 +148,15 @@ def test_impossible_layouts(change: dict[str, dict[str, Any]], expected: str) ->
             "parallelism",
             "expert",
             2,
-            "parallelism.expert (2) > 1 (expert parallelism) is CUDA-only",
+            "parallelism.expert: expert parallelism is CUDA-only",
         ),
         (
             "parallelism",
             "context",
             2,
-            "parallelism.context (2) > 1 (context parallelism) is CUDA-only",
+            "parallelism.context: context parallelism is CUDA-only",
         ),
-        ("training", "precision", "bf16", "training.precision 'bf16' needs a GPU"),
+        ("training", "precision", "bf16", "training.precision: bf16 needs a GPU"),
     ],
 )
 def test_cuda_only_features_fail_on_cpu(
