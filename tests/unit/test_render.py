@@ -159,3 +159,23 @@ def test_config_map_holds_the_resolved_config() -> None:
     assert cfg["parallelism"]["data"] == 8  # auto resolved
     assert cfg["training"]["precision"] == "bf16"  # GPU default
     assert cfg["checkpoint"]["dir"] == "/mnt/checkpoints/job"
+
+
+@pytest.mark.parametrize(
+    ("requests", "limits", "ipc_lock"),
+    [
+        ({"rdma/ib": 1}, {}, True),
+        ({}, {"rdma/ib": "1"}, True),
+        ({"rdma/ib": 0}, {}, False),
+        ({"rdma/ib": "0"}, {"rdma/x": "0m"}, False),
+        ({"cpu": "8"}, {}, False),
+    ],
+)
+def test_ipc_lock_only_for_a_positive_rdma_request(
+    requests: dict[str, Any], limits: dict[str, Any], ipc_lock: bool
+) -> None:
+    job = job_of({"resources.requests": requests, "resources.limits": limits})
+    pod = next(o for o in render(job, plan(job.spec)) if o["kind"] == "Pod")
+    caps = pod["spec"]["containers"][0]["securityContext"]["capabilities"]
+    assert ("IPC_LOCK" in caps.get("add", [])) == ipc_lock
+    assert pod["spec"]["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"

@@ -8,6 +8,7 @@ is random, and the same inputs always give the same objects.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from megatron_contract import env as contract_env
@@ -199,10 +200,24 @@ def _resources(job: MegatronJob, plan: Plan) -> Obj:
     return out
 
 
+_QUANTITY_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)")
+
+
+def _positive(quantity: str | int) -> bool:
+    """A quantity above zero (its number part; the suffix only scales it)."""
+    if isinstance(quantity, int):
+        return quantity > 0
+    m = _QUANTITY_NUMBER.match(quantity)
+    return m is not None and float(m.group(0)) > 0
+
+
 def _needs_ipc_lock(job: MegatronJob) -> bool:
     # RDMA (verbs) pins memory, which needs IPC_LOCK; rdma/* is the device plugins' convention.
+    # Only a positive request counts: `rdma/ib: 0` asks for no device, and IPC_LOCK would fail
+    # the pod's baseline Pod Security level for nothing.
     r = job.spec.resources
-    return any(k.startswith("rdma/") for k in [*r.requests, *r.limits])
+    entries = [*r.requests.items(), *r.limits.items()]
+    return any(k.startswith("rdma/") and _positive(v) for k, v in entries)
 
 
 def _affinity(job: MegatronJob) -> Obj:
@@ -280,6 +295,9 @@ def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
             "runAsUser": 1000,
             "runAsGroup": 1000,
             "fsGroup": 1000,
+            # Without it the kubelet chowns the whole checkpoint volume (terabytes) at every
+            # start; with it, only when the volume's root is not already ours.
+            "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "affinity": _affinity(job),
