@@ -53,9 +53,9 @@ def test_snake_case_is_unknown_too() -> None:
     [
         ({"resources.nodes": "two"}, "spec.resources.nodes", "valid integer"),
         ({"resources.nodes": "2"}, "spec.resources.nodes", "valid integer"),  # strict, like k8s
-        ({"resources.nodes": 0}, "spec.resources.nodes", "greater than or equal to 1"),
-        ({"resources.nodes": -3}, "spec.resources.nodes", "greater than or equal to 1"),
-        ({"parallelism.tensor": 0}, "spec.parallelism.tensor", "greater than or equal to 1"),
+        ({"resources.nodes": 0}, "spec.resources.nodes", "at least 1"),
+        ({"resources.nodes": -3}, "spec.resources.nodes", "at least 1"),
+        ({"parallelism.tensor": 0}, "spec.parallelism.tensor", "at least 1"),
         ({"training.lr": -1.0}, "spec.training.lr", "greater than 0"),
         ({"training.trainIters": DELETE}, "spec.training.trainIters", "required"),
         ({"image": DELETE}, "spec.image", "required"),
