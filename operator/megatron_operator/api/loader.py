@@ -41,7 +41,7 @@ _MAP_TAG, _SEQ_TAG, _MERGE_TAG = _TAG + "map", _TAG + "seq", _TAG + "merge"
 _LOADER_BASE: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present
 
 # Everything a MegatronJob (even as `kubectl get -o yaml` prints it) holds, many times over.
-MAX_VALUES: Final = 100_000
+MAX_VALUES: Final = 20_000
 
 
 class _Loader(_LOADER_BASE):  # type: ignore[misc]
@@ -87,7 +87,7 @@ class _Invalid(Exception):
 
     def __init__(self, path: str, message: str) -> None:
         super().__init__(message)
-        self.path = path or "<root>"
+        self.path = _clip(path) or "<root>"
         self.message = message
 
 
@@ -432,6 +432,11 @@ def _short(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _clip(path: str) -> str:
+    """A field path short enough to read (deep nesting and long keys make huge ones)."""
+    return path if len(path) <= 120 else path[:117] + "..."
+
+
 def load_file(path: str | Path, overrides: list[str] | None = None) -> MegatronJob:
     """Read, override and validate a spec file."""
     doc = read_file(path)
@@ -447,7 +452,7 @@ def _path(loc: tuple[int | str, ...]) -> str:
             out += f"[{part}]"
         else:
             out += f".{part}" if out else str(part)
-    return out or "<root>"
+    return _clip(out) or "<root>"
 
 
 def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
