@@ -320,8 +320,8 @@ CASES: list[Case] = [
         "spec.extra",
     ),
     Case(
-        "binary tag",
-        _replace(_BASE, "image: trainer:test", "image: !!binary aGVsbG8="),
+        "custom tag",
+        _replace(_BASE, "image: trainer:test", "image: !custom x"),
         "spec.image",
     ),
 ]

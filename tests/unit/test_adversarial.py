@@ -106,8 +106,7 @@ def test_every_number_in_the_schema_has_a_maximum() -> None:
     found: list[tuple[str, dict[str, Any]]] = []
     _numbers(_spec_schema(), "spec", found)
     assert len(found) > 50
-    # parallelism.data is int-or-string: its bound is the CEL rule on that node and the model.
-    unbounded = [p for p, n in found if "maximum" not in n and p != "spec.parallelism.data"]
+    unbounded = [p for p, n in found if "maximum" not in n]
     assert not unbounded, f"numbers without a maximum: {unbounded}"
 
 

@@ -150,6 +150,7 @@ def test_bad_overrides(item: str) -> None:
         ("'3e-4'", "3e-4"),  # quoted stays a string
         ("!!str 12", "12"),
         ("!!float 1", 1.0),
+        ("!!binary aGk=", "hi"),  # go-yaml decodes base64 to a string
         ("9223372036854775807", 2**63 - 1),
     ],
 )
@@ -211,7 +212,9 @@ def test_recursive_alias_is_refused() -> None:
     assert "alias" in message
 
 
-@pytest.mark.parametrize("text", ["a: !!binary aGk=\n", "a: !custom x\n", "a: !!set {x}\n"])
+@pytest.mark.parametrize(
+    "text", ["a: !!timestamp 2024-01-01\n", "a: !custom x\n", "a: !!set {x}\n"]
+)
 def test_other_tags_are_refused(text: str) -> None:
     _, message = _yaml_error(text)
     assert "tag" in message

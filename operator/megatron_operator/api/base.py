@@ -111,7 +111,7 @@ def _check_auto_or_positive(value: object) -> str | int:
 AutoOrPositiveInt = Annotated[
     str | int,
     BeforeValidator(_check_auto_or_positive),
-    WithJsonSchema({"x-kubernetes-int-or-string": True}),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "minimum": 1, "maximum": MAX_WORLD_SIZE}),
 ]
 
 # Every field using these sets its own maximum (`le=`): tests/unit/test_adversarial.py checks

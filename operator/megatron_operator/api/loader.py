@@ -36,7 +36,7 @@ from .spec import CHECKPOINT_PATH_PATTERN
 # "billion laughs" document stops early), and duplicate keys rejected instead of the last winning.
 
 _TAG = "tag:yaml.org,2002:"
-_SCALAR_TAGS = frozenset(_TAG + t for t in ("str", "int", "float", "bool", "null"))
+_SCALAR_TAGS = frozenset(_TAG + t for t in ("str", "int", "float", "bool", "null", "binary"))
 _MAP_TAG, _SEQ_TAG, _MERGE_TAG = _TAG + "map", _TAG + "seq", _TAG + "merge"
 _LOADER_BASE: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present
 
@@ -125,6 +125,11 @@ def _scalar(loader: Any, event: Any, path: str) -> Any:
         raise _Invalid(path, f"the YAML tag {tag} is not supported: remove it")
     node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
     value = loader.yaml_constructors[tag](loader, node)
+    if isinstance(value, bytes):  # !!binary: go-yaml decodes it to a string
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Invalid(path, "this !!binary value is not UTF-8 text: give the text") from None
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
         raise _Invalid(
             path,
