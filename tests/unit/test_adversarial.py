@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from megatron_operator.api import load_file
 from megatron_operator.api.crd import crd
 from megatron_operator.cli import main
 
 from .adversarial import CASES, Case, _file
+from .celcheck import check_spec
+from .specs import spec_of
 
 # Measured at well under 0.5 s a case (docs in the report); the bound only catches a hang or
 # an accidentally quadratic path, on a machine shared with compilers.
@@ -125,3 +128,39 @@ def test_every_string_in_the_schema_has_a_length_cap() -> None:
     unbounded: list[str] = []
     _strings(_spec_schema(), "spec", unbounded)
     assert not unbounded, f"strings without maxLength: {unbounded}"
+
+
+# The bounds that need CEL (a schema cannot state them), evaluated with cel-python here and on
+# the real apiserver in the integration test.
+CEL_CASES = {
+    "world size above the cap": "spec.resources",
+    "nodeSelector key with space": "spec.resources.nodeSelector",
+    "nodeSelector key bad prefix": "spec.resources.nodeSelector",
+    "nodeSelector key prefix too long": "spec.resources.nodeSelector",
+    "tokenizer path with ..": "spec.data.tokenizer.path",
+    "blend prefix with ..": "spec.data.blend[0].prefix",
+}
+
+
+@pytest.mark.parametrize(("case_id", "where"), CEL_CASES.items())
+def test_cel_rules_refuse_the_cross_field_bounds(case_id: str, where: str) -> None:
+    (case,) = [c for c in CASES if c.id == case_id]
+    spec = yaml.safe_load(case.text)["spec"]
+    found = {v.field for v in check_spec(spec)}
+    assert where in found, found
+
+
+def test_cel_rules_accept_good_keys_and_paths() -> None:
+    spec = spec_of(
+        {
+            "resources.nodeSelector": {"example.com/pool": "a100", "rack": ""},
+            "data": {
+                "blend": [{"weight": 1.0, "prefix": "/data/.cache/a"}],
+                "tokenizer": {"path": "/t"},
+            },
+            "resources.nodes": 4096,
+            "resources.procsPerNode": 16,
+            "training.globalBatchSize": 65536,
+        }
+    )
+    assert check_spec(spec) == []

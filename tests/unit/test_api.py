@@ -248,3 +248,8 @@ def test_many_bad_items_are_reported_briefly() -> None:
     errors = _errors(job_doc(spec_of({"env": [1] * 100})))
     assert len(errors) == 51
     assert errors["<more>"] == "50 more problems not shown"
+
+
+def test_empty_toleration_key_tolerates_everything() -> None:
+    job = load_job(job_doc(spec_of({"resources.tolerations": [{"key": "", "operator": "Exists"}]})))
+    assert job.spec.resources.tolerations[0].key == ""

@@ -184,6 +184,24 @@ QualifiedName = Annotated[
         {"type": "string", "maxLength": QUALIFIED_NAME_MAX, "pattern": QUALIFIED_NAME_PATTERN}
     ),
 ]
+
+
+def _check_toleration_key(value: str) -> str:
+    return value if value == "" else _check_qualified_name(value)
+
+
+# A taint key in a toleration: a qualified name, or empty (with Exists: every taint).
+TolerationKey = Annotated[
+    str,
+    AfterValidator(_check_toleration_key),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "maxLength": QUALIFIED_NAME_MAX,
+            "pattern": f"^$|{QUALIFIED_NAME_PATTERN}",
+        }
+    ),
+]
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 DnsSubdomain = Annotated[
     str, Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN_PATTERN)

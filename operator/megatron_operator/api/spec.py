@@ -40,6 +40,7 @@ from .base import (
     Quantity,
     SafePath,
     Seconds,
+    TolerationKey,
 )
 from .recipes import RecipeName
 
@@ -304,7 +305,7 @@ class DataSpec(ApiModel):
 class Toleration(ApiModel):
     """A Kubernetes toleration, copied to every pod."""
 
-    key: QualifiedName | None = Field(
+    key: TolerationKey | None = Field(
         None, description="Taint key; empty matches all keys with Exists."
     )
     operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal.")
