@@ -1,5 +1,6 @@
 """The generated CRD on a real kube-apiserver: the CEL rules reject exactly what the planner
-rejects, transition rules guard running jobs, and `kubectl explain` shows the descriptions."""
+rejects, every adversarial file `mjob validate` refuses is refused here too, transition rules
+guard running jobs, and `kubectl explain` shows the descriptions."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from megatron_operator.api.base import MAX_NODES
+from tests.unit.adversarial import CASES as ADVERSARIAL
+from tests.unit.adversarial import Case, _file
 from tests.unit.specs import spec_of
 from tests.unit.test_rules import CASES
 
@@ -57,6 +61,71 @@ def test_planner_only_rules_pass_the_apiserver(custom: Any, namespace: str) -> N
     # The memory budget is the planner's (too rich for CEL): the operator reports InvalidSpec.
     spec = spec_of({"model.recipe": "llama3-8b", "resources.gpuMemoryGiB": 24})
     assert _dry_run(custom, namespace, spec) is None
+
+
+def _post_yaml(custom: Any, namespace: str, text: str) -> tuple[int, dict[str, Any]]:
+    """Send a file's YAML as it is (the apiserver parses it, as it does for `kubectl create
+    --raw`), server-side dry run, with the strict field validation kubectl uses by default.
+    Returns the HTTP status and the decoded reply."""
+    api = custom.api_client
+    try:
+        reply = api.call_api(
+            f"/apis/megatron.dev/v1alpha1/namespaces/{namespace}/megatronjobs",
+            "POST",
+            query_params=[("dryRun", "All"), ("fieldValidation", "Strict")],
+            header_params={"Content-Type": "application/yaml", "Accept": "application/json"},
+            body=text,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=60,
+        )
+    except ApiException as exc:
+        try:
+            return exc.status, dict(json.loads(exc.body))
+        except (TypeError, ValueError):
+            return exc.status, {"message": str(exc.body)}
+    response = reply[0]
+    return response.status, dict(json.loads(response.data))
+
+
+def _in_namespace(case: Case, namespace: str) -> str:
+    # The files name namespace default; the request goes to the test's namespace.
+    return case.text.replace("\n  namespace: default\n", f"\n  namespace: {namespace}\n", 1)
+
+
+@pytest.mark.parametrize("case", ADVERSARIAL, ids=[c.id for c in ADVERSARIAL])
+def test_apiserver_refuses_what_mjob_validate_refuses(
+    custom: Any, namespace: str, case: Case
+) -> None:
+    status, reply = _post_yaml(custom, namespace, _in_namespace(case, namespace))
+    message = str(reply.get("message", reply))
+    assert 400 <= status < 500, f"the apiserver accepted it ({status}): {message[:500]}"
+    assert case.apiserver_fragment in message, message[:2000]
+
+
+def test_a_million_nodes_names_the_cap(custom: Any, namespace: str) -> None:
+    status, reply = _post_yaml(
+        custom, namespace, _file({"resources.nodes": 1_000_000}, namespace=namespace)
+    )
+    assert status == 422
+    message = reply["message"]
+    assert "spec.resources.nodes" in message and str(MAX_NODES) in message, message
+
+
+def test_the_adversarial_baseline_is_accepted(custom: Any, namespace: str) -> None:
+    # Each case changes this file; it alone must pass, or the refusals above prove nothing.
+    status, reply = _post_yaml(custom, namespace, _file({}, namespace=namespace))
+    assert status == 201, reply
+
+
+@pytest.mark.parametrize("text", ["3e-4", "3E-4", "1e-4"])
+def test_lr_written_the_ml_way_is_a_number_to_the_apiserver(
+    custom: Any, namespace: str, text: str
+) -> None:
+    body = _file({}, namespace=namespace).replace("  training:\n", f"  training:\n    lr: {text}\n")
+    status, reply = _post_yaml(custom, namespace, body)
+    assert status == 201, reply
+    assert reply["spec"]["training"]["lr"] == float(text)
 
 
 def test_bad_name_rejected(custom: Any, namespace: str) -> None:

@@ -45,7 +45,7 @@ def layouts(draw: st.DrawFn) -> Plan:
             "expertTensor": 1 if moe else tp,
             "sequenceParallel": tp > 1,
         },
-        "resources": {"nodes": nodes, "procsPerNode": ppn, "gpuMemoryGiB": 1e6},
+        "resources": {"nodes": nodes, "procsPerNode": ppn, "gpuMemoryGiB": 4096.0},
         "training": {"globalBatchSize": 4 * dp, "trainIters": 10},
     }
     spec = MegatronJobSpec.model_validate(spec_of(changes))

@@ -7,10 +7,40 @@ unknown fields rejected, and strict types (a string "3" is not an integer, as in
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+)
 from pydantic.alias_generators import to_camel
+
+# Bounds. They reach the CRD schema through the models (and CEL for the cross-field ones), so
+# the apiserver and `mjob validate` refuse the same specs. They keep every derived quantity
+# (pods rendered, datetime arithmetic, divisor hints, memory maths) small and finite.
+INT64_MAX: Final = 2**63 - 1
+MAX_NODES: Final = 4096  # pods of one job; the chart may lower it
+MAX_PROCS_PER_NODE: Final = 256  # ranks per pod (GPUs, or CPU processes)
+MAX_WORLD_SIZE: Final = 65536  # nodes × procsPerNode
+MAX_DURATION_SECONDS: Final = 30 * 24 * 3600  # every *Seconds field: 30 days
+MAX_ITERATIONS: Final = 10**9  # trainIters and every step count
+MAX_LAYERS: Final = 1024
+MAX_HIDDEN: Final = 2**20  # hiddenSize, ffnHiddenSize and the per-head dimensions
+MAX_HEADS: Final = 4096  # attention heads, query groups
+MAX_VOCAB: Final = 2**24
+MAX_SEQUENCE: Final = 2**24  # seqLength, maxPositionEmbeddings
+MAX_EXPERTS: Final = 4096
+MAX_BATCH: Final = 2**24  # globalBatchSize, microBatchSize
+MAX_SEED: Final = 2**32 - 1  # numpy's seed range
+MAX_RESTARTS: Final = 10000
+MAX_GPU_MEMORY_GIB: Final = 4096.0
+MAX_LR: Final = 10.0
+MAX_DEPTH: Final = 64  # nesting of a MegatronJob document (the schema needs about 8)
+MAX_DOCUMENT_BYTES: Final = 3 * 1024 * 1024  # the apiserver's request size limit
 
 
 class ApiModel(BaseModel):
@@ -30,20 +60,26 @@ class ApiModel(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
-# A Kubernetes resource quantity, e.g. "80Gi", "500m", 8. Same grammar as apimachinery's.
+# A Kubernetes resource quantity, e.g. "80Gi", "500m", 8: apimachinery's grammar without the
+# minus sign and with bounded digits (at most 18 before the point, 9 after, a 2-digit exponent),
+# so every quantity accepted here is one the apiserver accepts, and none is absurd or negative.
 QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+    r"^\+?(([0-9]{1,18}(\.[0-9]{0,9})?)|(\.[0-9]{1,9}))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE][-+]?[0-9]{1,2}))?$"
 )
+MAX_QUANTITY_INT: Final = 10**18
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 
 
 def _check_quantity(value: object) -> str | int:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise ValueError("must be a Kubernetes quantity such as 8, '500m' or '80Gi'")
+    if isinstance(value, int) and not 0 <= value <= MAX_QUANTITY_INT:
+        raise ValueError(f"must be between 0 and {MAX_QUANTITY_INT}, got {value}")
     if isinstance(value, str) and not _QUANTITY_RE.match(value):
         raise ValueError(
-            f"{value!r} is not a Kubernetes quantity: use a form like '500m' or '80Gi'"
+            f"{value[:40]!r} is not a Kubernetes quantity: use a non-negative form like "
+            "'500m' or '80Gi' (at most 18 digits)"
         )
     return value
 
@@ -51,26 +87,128 @@ def _check_quantity(value: object) -> str | int:
 Quantity = Annotated[
     str | int,
     BeforeValidator(_check_quantity),
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "pattern": QUANTITY_PATTERN,
+            "minimum": 0,
+            "maximum": MAX_QUANTITY_INT,
+        }
+    ),
 ]
 
 
 def _check_auto_or_positive(value: object) -> str | int:
     if value == "auto":
         return "auto"
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_WORLD_SIZE:
         return value
-    raise ValueError(f"must be 'auto' or a positive integer, got {value!r}")
+    raise ValueError(
+        f"must be 'auto' or a positive integer up to {MAX_WORLD_SIZE}, got {_short(value)}"
+    )
 
 
 AutoOrPositiveInt = Annotated[
     str | int,
     BeforeValidator(_check_auto_or_positive),
-    WithJsonSchema({"x-kubernetes-int-or-string": True}),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "minimum": 1, "maximum": MAX_WORLD_SIZE}),
 ]
 
+# Every field using these sets its own maximum (`le=`): tests/unit/test_adversarial.py checks
+# that every number in the generated schema has one. (An `le` here would override the field's.)
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
+Seconds = Annotated[int, Field(ge=0, le=MAX_DURATION_SECONDS)]
+# JSON has no inf or NaN, so the apiserver cannot hold them; every spec float is Finite.
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# Names, as Kubernetes validates them (apimachinery's validation package).
+DNS1123_LABEL_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS1123_SUBDOMAIN_PATTERN: Final = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+# A qualified name (label key, taint key): an optional DNS-subdomain prefix and '/', then a
+# name of at most 63 characters. The prefix's own 253-character limit is QUALIFIED_PREFIX_PATTERN.
+QUALIFIED_NAME_PATTERN: Final = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+QUALIFIED_PREFIX_PATTERN: Final = r"^([^/]{1,253}/)?[^/]*$"
+QUALIFIED_NAME_MAX: Final = 253 + 1 + 63
+LABEL_VALUE_PATTERN: Final = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+ENV_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# No '.' or '..' segment: the path cannot climb out of the directory it is joined to.
+PARENT_SEGMENT_PATTERN: Final = r"(^|/)[.][.]?(/|$)"
+
+_QUALIFIED_RE = re.compile(QUALIFIED_NAME_PATTERN)
+_QUALIFIED_PREFIX_RE = re.compile(QUALIFIED_PREFIX_PATTERN)
+_PARENT_RE = re.compile(PARENT_SEGMENT_PATTERN)
+
+
+def qualified_name_problem(value: str) -> str | None:
+    """Why `value` is not a Kubernetes qualified name (a label or taint key), or None."""
+    if len(value) > QUALIFIED_NAME_MAX or not _QUALIFIED_PREFIX_RE.match(value):
+        return "the prefix before '/' must be at most 253 characters and the name at most 63"
+    if not _QUALIFIED_RE.match(value):
+        return (
+            "must be a label key: an optional DNS prefix and '/', then at most 63 letters, "
+            "digits, '-', '_' or '.', starting and ending with a letter or digit "
+            "(e.g. example.com/rack)"
+        )
+    return None
+
+
+def _check_qualified_name(value: str) -> str:
+    problem = qualified_name_problem(value)
+    if problem:
+        raise ValueError(f"{_short(value)}: {problem}")
+    return value
+
+
+def _check_path(value: str) -> str:
+    if _PARENT_RE.search(value):
+        raise ValueError(f"{_short(value)} has a '.' or '..' segment: give the path without them")
+    return value
+
+
+QualifiedName = Annotated[
+    str,
+    AfterValidator(_check_qualified_name),
+    WithJsonSchema(
+        {"type": "string", "maxLength": QUALIFIED_NAME_MAX, "pattern": QUALIFIED_NAME_PATTERN}
+    ),
+]
+
+
+def _check_toleration_key(value: str) -> str:
+    return value if value == "" else _check_qualified_name(value)
+
+
+# A taint key in a toleration: a qualified name, or empty (with Exists: every taint).
+TolerationKey = Annotated[
+    str,
+    AfterValidator(_check_toleration_key),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "maxLength": QUALIFIED_NAME_MAX,
+            "pattern": f"^$|{QUALIFIED_NAME_PATTERN}",
+        }
+    ),
+]
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+DnsSubdomain = Annotated[
+    str, Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN_PATTERN)
+]
+EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN)]
+# A path with no '.' or '..' segment (the CRD checks the same with a CEL rule, cel.py).
+SafePath = Annotated[str, AfterValidator(_check_path)]
 
 
 def one_of(values: tuple[str, ...]) -> BeforeValidator:

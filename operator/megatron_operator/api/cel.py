@@ -14,6 +14,12 @@ from typing import Any, Final
 from megatron_contract.env import RESERVED as RESERVED_ENV
 from megatron_contract.recipes import RECIPES
 
+from .base import (
+    MAX_WORLD_SIZE,
+    PARENT_SEGMENT_PATTERN,
+    QUALIFIED_NAME_PATTERN,
+    QUALIFIED_PREFIX_PATTERN,
+)
 from .transitions import NEVER, WHILE_SUSPENDED
 
 S = "self"
@@ -100,6 +106,13 @@ def rule(
 
 
 SPEC_RULES: Final[list[dict[str, str]]] = [
+    # --- bounds the schema cannot state alone (the per-field maxima are in the schema)
+    rule(
+        f"{WORLD} <= {MAX_WORLD_SIZE}",
+        f"resources.nodes × resources.procsPerNode must be at most {MAX_WORLD_SIZE} ranks: "
+        "use fewer nodes or processes per node",
+        ".resources",
+    ),
     # --- required model fields when there is no recipe
     *[
         rule(
@@ -360,6 +373,32 @@ NODE_RULES: Final[dict[str, list[dict[str, str]]]] = {
             )
         ]
         for kind in ("requests", "limits")
+    },
+    "spec.resources.nodeSelector": [
+        rule(
+            f"self.all(k, k.matches({_lit(QUALIFIED_NAME_PATTERN)}) && "
+            f"k.matches({_lit(QUALIFIED_PREFIX_PATTERN)}))",
+            "every key must be a label key: an optional DNS prefix and '/', then at most 63 "
+            "letters, digits, '-', '_' or '.' (e.g. example.com/pool)",
+        )
+    ],
+    **{
+        path: [
+            rule(
+                f"self.matches({_lit(QUALIFIED_PREFIX_PATTERN)})",
+                "the prefix before '/' must be at most 253 characters",
+            )
+        ]
+        for path in ("spec.topology.key", "spec.resources.tolerations[].key")
+    },
+    **{
+        path: [
+            rule(
+                f"!self.matches({_lit(PARENT_SEGMENT_PATTERN)})",
+                "the path must not have a '.' or '..' segment: give it without them",
+            )
+        ]
+        for path in ("spec.data.blend[].prefix", "spec.data.tokenizer.path")
     },
     "spec.env[]": [
         rule(

@@ -57,8 +57,9 @@ def _openapi(node: dict[str, Any]) -> dict[str, Any]:
         out["description"] = node["description"]
     if node.get("x-kubernetes-int-or-string"):
         out["x-kubernetes-int-or-string"] = True
-        if "pattern" in node:
-            out["pattern"] = node["pattern"]
+        for key in ("pattern", "minimum", "maximum"):  # each applies to its own kind only
+            if key in node:
+                out[key] = node[key]
         if "default" in node:
             out["default"] = node["default"]
         return out

@@ -4,26 +4,307 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Final
 
 import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from .base import (
+    DNS1123_LABEL_PATTERN,
+    DNS1123_SUBDOMAIN_PATTERN,
+    ENV_NAME_PATTERN,
+    INT64_MAX,
+    LABEL_VALUE_PATTERN,
+    MAX_DEPTH,
+    MAX_DOCUMENT_BYTES,
+)
 from .errors import FieldError, SpecError
-from .job import API_VERSION, KIND, MegatronJob
+from .job import API_VERSION, KIND, NAME_PATTERN, MegatronJob
+from .spec import CHECKPOINT_PATH_PATTERN
+
+# --- YAML, read as kubectl and the apiserver read it -------------------------------------------
+#
+# kubectl and the apiserver turn YAML into JSON with sigs.k8s.io/yaml (go-yaml v2). PyYAML's
+# YAML 1.1 resolver differs where it matters: it reads `3e-4` and `1E5` as strings, `1:30` as
+# the integer 90, and `2024-01-01` as a date. Our loader resolves plain scalars the go-yaml way.
+# It is also built for hostile input: one iterative pass over libyaml's events (no recursion, so
+# no RecursionError), with caps on nesting and on values (counting what aliases expand to, so a
+# "billion laughs" document stops early), and duplicate keys rejected instead of the last winning.
+
+_TAG = "tag:yaml.org,2002:"
+_SCALAR_TAGS = frozenset(_TAG + t for t in ("str", "int", "float", "bool", "null", "binary"))
+_MAP_TAG, _SEQ_TAG, _MERGE_TAG = _TAG + "map", _TAG + "seq", _TAG + "merge"
+_LOADER_BASE: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present
+
+# Everything a MegatronJob (even as `kubectl get -o yaml` prints it) holds, many times over.
+MAX_VALUES: Final = 20_000
 
 
-def parse_yaml(text: str, source: str = "<input>") -> dict[str, Any]:
-    """One YAML document holding a mapping, or a SpecError saying where it is malformed."""
+class _Loader(_LOADER_BASE):  # type: ignore[misc]
+    """libyaml's parser, PyYAML's scalar constructors, go-yaml v2's implicit types."""
+
+    bool_values: ClassVar[dict[str, bool]] = {
+        **yaml.SafeLoader.bool_values,
+        "y": True,
+        "n": False,
+    }
+    yaml_implicit_resolvers: ClassVar[dict[Any, list[tuple[str, Any]]]] = {
+        first: [(tag, rx) for tag, rx in resolvers if tag == _TAG + "null" or tag == _MERGE_TAG]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+
+_Loader.add_implicit_resolver(
+    _TAG + "bool",
+    re.compile(
+        r"^(?:[yYnN]|yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$"
+    ),
+    list("yYnNtTfFoO"),
+)
+_Loader.add_implicit_resolver(
+    _TAG + "int",
+    re.compile(
+        r"^[-+]?(?:0b[01][01_]*|0o?[0-7][0-7_]*|0x[0-9a-fA-F][0-9a-fA-F_]*|[1-9][0-9_]*|0)$"
+    ),
+    list("-+0123456789"),
+)
+_Loader.add_implicit_resolver(
+    _TAG + "float",
+    re.compile(
+        r"^(?:[-+]?(?:\.[0-9][0-9_]*|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
+
+
+class _Invalid(Exception):
+    """A problem at a field path, found while building the document."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(message)
+        self.path = _clip(path) or "<root>"
+        self.message = message
+
+
+@dataclass
+class _Frame:
+    """An open mapping or sequence, while its events arrive."""
+
+    path: str
+    value: dict[str, Any] | list[Any]
+    anchor: str | None
+    start_total: int
+    key: str | None = None  # a mapping's key awaiting its value
+    merge: bool = False  # the awaited value is a `<<` merge source
+    merged: list[dict[str, Any]] = field(default_factory=list)
+    lines: dict[str, int] = field(default_factory=dict)  # key → line, for duplicate messages
+
+    def child_path(self) -> str:
+        if isinstance(self.value, list):
+            return f"{self.path}[{len(self.value)}]"
+        return f"{self.path}.{self.key}" if self.path else str(self.key)
+
+
+def _key_text(key: Any) -> str:
+    """A scalar key as JSON sees it after go-yaml (true, null, 8, ...)."""
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    return "null" if key is None else str(key)
+
+
+def _scalar(loader: Any, event: Any, path: str) -> Any:
+    tag = event.tag
+    if tag is None or tag == "!":
+        tag = loader.resolve(yaml.ScalarNode, event.value, event.implicit)
+    if tag not in _SCALAR_TAGS:
+        raise _Invalid(path, f"the YAML tag {tag} is not supported: remove it")
+    node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
+    value = loader.yaml_constructors[tag](loader, node)
+    if isinstance(value, bytes):  # !!binary: go-yaml decodes it to a string
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Invalid(path, "this !!binary value is not UTF-8 text: give the text") from None
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+        raise _Invalid(
+            path,
+            f"{event.value[:40]} does not fit a 64-bit integer, the largest Kubernetes stores: "
+            "use a smaller number",
+        )
+    return value
+
+
+class _Builder:
+    """Turns libyaml events into Python values, checking the limits as it goes."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.stack: list[_Frame] = []
+        self.anchors: dict[str, tuple[Any, int]] = {}
+        self.total = 0
+        self.docs: list[Any] = []
+
+    def path(self) -> str:
+        """Where the next value goes ('' for the document itself)."""
+        return self.stack[-1].child_path() if self.stack else ""
+
+    def count(self, n: int) -> None:
+        self.total += n
+        if self.total > MAX_VALUES:
+            # Name the open container with the most items: that is the runaway list or map.
+            big = max(self.stack, key=lambda f: len(f.value), default=None)
+            raise _Invalid(
+                big.path if big else "",
+                f"the document holds more than {MAX_VALUES} values (aliases counted as "
+                "expanded); a MegatronJob needs a few hundred: shorten this list or map",
+            )
+
+    def add(self, value: Any, line: int) -> None:
+        if not self.stack:
+            self.docs.append(value)
+            return
+        top = self.stack[-1]
+        if isinstance(top.value, list):
+            top.value.append(value)
+        elif top.key is None:
+            self.set_key(top, value, line)
+        else:
+            if top.merge:
+                self.add_merge(top, value)
+            else:
+                top.value[top.key] = value
+            top.key, top.merge = None, False
+
+    def set_key(self, top: _Frame, key: Any, line: int) -> None:
+        if isinstance(key, (dict, list)):
+            raise _Invalid(top.path, "mapping keys must be plain strings")
+        if key is _MERGE:
+            top.key, top.merge = "<<", True
+            return
+        text = _key_text(key)
+        if text in top.lines:
+            where = f"{top.path}.{text}" if top.path else text
+            raise _Invalid(
+                where,
+                f"duplicate key {text!r} on lines {top.lines[text]} and {line} of "
+                f"{self.source}: keep only one",
+            )
+        top.lines[text] = line
+        top.key = text
+
+    def add_merge(self, top: _Frame, value: Any) -> None:
+        sources = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, dict) for v in sources):
+            raise _Invalid(top.path, "a '<<' merge needs a mapping or a list of them")
+        top.merged.extend(sources)
+
+    def start(self, event: Any, value: dict[str, Any] | list[Any], default_tag: str) -> None:
+        path = self.path()
+        if event.tag not in (None, "!", default_tag):
+            raise _Invalid(path, f"the YAML tag {event.tag} is not supported: remove it")
+        if len(self.stack) >= MAX_DEPTH:
+            raise _Invalid(
+                path,
+                f"nested deeper than {MAX_DEPTH} levels; a MegatronJob needs about 8: remove "
+                "the extra nesting",
+            )
+        self.count(1)
+        self.stack.append(_Frame(path, value, event.anchor, self.total))
+
+    def end(self) -> None:
+        frame = self.stack.pop()
+        if isinstance(frame.value, dict):
+            for source in frame.merged:  # explicit keys win, then earlier merge sources
+                for k, v in source.items():
+                    frame.value.setdefault(k, v)
+        if frame.anchor is not None:
+            self.anchors[frame.anchor] = (frame.value, self.total - frame.start_total + 1)
+        self.add(frame.value, 0)
+
+    def feed(self, loader: Any, event: Any) -> None:
+        if isinstance(event, yaml.ScalarEvent):
+            self.count(1)
+            line = _line(event)
+            top = self.stack[-1] if self.stack else None
+            if top is not None and isinstance(top.value, dict) and top.key is None:
+                tag = event.tag
+                if (tag is None or tag == "!") and event.implicit[0]:
+                    tag = loader.resolve(yaml.ScalarNode, event.value, event.implicit)
+                if tag == _MERGE_TAG:
+                    self.add(_MERGE, line)
+                    return
+            value = _scalar(loader, event, self.path())
+            if event.anchor is not None:
+                self.anchors[event.anchor] = (value, 1)
+            self.add(value, line)
+        elif isinstance(event, yaml.AliasEvent):
+            if event.anchor not in self.anchors:
+                raise _Invalid(self.path(), f"unknown or recursive alias *{event.anchor}")
+            value, size = self.anchors[event.anchor]
+            self.count(size)
+            self.add(value, _line(event))
+        elif isinstance(event, yaml.MappingStartEvent):
+            self.start(event, {}, _MAP_TAG)
+        elif isinstance(event, yaml.SequenceStartEvent):
+            self.start(event, [], _SEQ_TAG)
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            self.end()
+
+
+_MERGE = object()  # marks a `<<` key
+
+
+def _line(event: yaml.Event) -> int:
+    mark = event.start_mark
+    return mark.line + 1 if mark is not None else 0
+
+
+def load_yaml(text: str, source: str = "<input>") -> list[Any]:
+    """Every document in `text`, as kubectl would read them. SpecError on any problem."""
+    if len(text) > MAX_DOCUMENT_BYTES:
+        raise SpecError(
+            [
+                FieldError(
+                    source,
+                    f"{len(text)} characters is above the {MAX_DOCUMENT_BYTES}-byte limit of a "
+                    "Kubernetes request: a MegatronJob is a few kilobytes",
+                )
+            ]
+        )
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        return _load(text, source)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError([FieldError(where, f"malformed YAML: {problem}")]) from None
+    except _Invalid as exc:
+        raise SpecError([FieldError(exc.path, exc.message)]) from None
+
+
+def _load(text: str, source: str) -> list[Any]:
+    """The documents of `text`; raises yaml.YAMLError or _Invalid."""
+    builder = _Builder(source)
+    loader = _Loader(text)
+    try:
+        while loader.check_event():
+            builder.feed(loader, loader.get_event())
+    except (ValueError, RecursionError, MemoryError) as exc:
+        # A scalar PyYAML's constructors refuse (none should get past the resolvers above).
+        raise _Invalid(builder.path(), f"unreadable value ({type(exc).__name__})") from None
+    finally:
+        loader.dispose()
+    return [d for d in builder.docs if d is not None]
+
+
+def parse_yaml(text: str, source: str = "<input>") -> dict[str, Any]:
+    """One YAML document holding a mapping, or a SpecError saying where it is malformed."""
+    docs = load_yaml(text, source)
     if len(docs) != 1:
         raise SpecError(
             [FieldError(source, f"expected exactly one YAML document, found {len(docs)}")]
@@ -40,6 +321,11 @@ def read_file(path: str | Path) -> dict[str, Any]:
     """Read a spec file, turning I/O problems into a SpecError."""
     p = Path(path)
     try:
+        if p.stat().st_size > MAX_DOCUMENT_BYTES * 4:
+            # Do not even read it (utf-8 is at most 4 bytes a character).
+            raise SpecError(
+                [FieldError(str(p), f"the file is above the {MAX_DOCUMENT_BYTES}-byte limit")]
+            )
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError([FieldError(str(p), f"cannot read the file: {exc}")]) from None
@@ -61,9 +347,13 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if parts[0] not in ("spec", "metadata"):
             parts = ["spec", *parts]
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            docs = _load(raw, "--set") if raw.strip() else [""]
         except yaml.YAMLError:
-            value = raw
+            docs = [raw]  # not YAML: the text itself
+        except _Invalid as exc:
+            errors.append(FieldError("--set", f"{item!r}: {exc.message}"))
+            continue
+        value = docs[0] if len(docs) == 1 else raw
         problem = _set_path(out, parts, value)
         if problem:
             errors.append(FieldError("--set", f"{item!r}: {problem}"))
@@ -107,10 +397,49 @@ def load_job(doc: dict[str, Any], source: str = "<input>") -> MegatronJob:
             )
         )
         raise SpecError(errors)
+    metadata = doc.get("metadata")
+    namespace = metadata.get("namespace") if isinstance(metadata, dict) else None
+    if namespace is not None and not (
+        isinstance(namespace, str) and len(namespace) <= 63 and _NAMESPACE_RE.match(namespace)
+    ):
+        errors.append(
+            FieldError(
+                "metadata.namespace",
+                "must be a DNS label: at most 63 lowercase letters, digits and '-', starting "
+                f"and ending with a letter or digit (got {_short(namespace)})",
+            )
+        )
+    job = None
     try:
-        return MegatronJob.model_validate(doc)
+        job = MegatronJob.model_validate(doc)
     except ValidationError as exc:
-        raise SpecError([_field_error(e) for e in exc.errors()]) from None
+        details = exc.errors()
+        errors += [_field_error(e) for e in details[:MAX_REPORTED]]
+        if len(details) > MAX_REPORTED:
+            errors.append(
+                FieldError("<more>", f"{len(details) - MAX_REPORTED} more problems not shown")
+            )
+    except RecursionError:
+        errors.append(FieldError("<root>", f"nested too deeply: keep it under {MAX_DEPTH} levels"))
+    if errors or job is None:
+        raise SpecError(errors)
+    return job
+
+
+_NAMESPACE_RE = re.compile(DNS1123_LABEL_PATTERN)
+MAX_REPORTED: Final = (
+    50  # field errors printed for one spec; a list of 100,000 bad items stops here
+)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _clip(path: str) -> str:
+    """A field path short enough to read (deep nesting and long keys make huge ones)."""
+    return path if len(path) <= 120 else path[:117] + "..."
 
 
 def load_file(path: str | Path, overrides: list[str] | None = None) -> MegatronJob:
@@ -128,7 +457,7 @@ def _path(loc: tuple[int | str, ...]) -> str:
             out += f"[{part}]"
         else:
             out += f".{part}" if out else str(part)
-    return out or "<root>"
+    return _clip(out) or "<root>"
 
 
 def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
@@ -174,7 +503,37 @@ def _field_error(err: ErrorDetails) -> FieldError:
     if kind == "missing":
         return FieldError(path, "required field is missing")
     msg = err["msg"].removeprefix("Value error, ")
+    ctx = err.get("ctx", {})
+    fix = _PATTERN_FIXES.get(ctx.get("pattern", "")) or _FIXES.get(kind)
+    if fix is not None:
+        msg = fix.format(**ctx)
     value = err.get("input")
     if kind not in ("value_error",) and isinstance(value, (str, int, float, bool)):
-        msg += f" (got {value!r})"
+        msg += f" (got {_short(value)})"
     return FieldError(path, msg)
+
+
+_PATTERN_FIXES: Final = {
+    DNS1123_SUBDOMAIN_PATTERN: "must be a DNS-1123 name: at most 253 lowercase letters, digits, "
+    "'-' and '.', starting and ending with a letter or digit",
+    ENV_NAME_PATTERN: "must be an environment variable name: letters, digits and '_', not "
+    "starting with a digit (e.g. MY_SETTING)",
+    LABEL_VALUE_PATTERN: "must be a label value: at most 63 letters, digits, '-', '_' or '.', "
+    "starting and ending with a letter or digit",
+    NAME_PATTERN: "must be a DNS label: lowercase letters, digits and '-', starting with a "
+    "letter and ending with a letter or digit",
+    CHECKPOINT_PATH_PATTERN: "must be a relative path of segments made of letters, digits, "
+    "'.', '_' and '-', none of them '.' or '..' (e.g. runs/llama)",
+}
+
+# Pydantic's wording for the bounds, turned into a fix.
+_FIXES: Final = {
+    "less_than_equal": "must be at most {le}: use a smaller value",
+    "less_than": "must be below {lt}: use a smaller value",
+    "greater_than_equal": "must be at least {ge}: use a larger value",
+    "greater_than": "must be greater than {gt}: use a larger value",
+    "finite_number": "must be a finite number (not .inf or .nan): use a number",
+    "too_long": "has more than the {max_length} items or characters allowed: shorten it",
+    "string_too_long": "is longer than the {max_length} characters allowed: shorten it",
+    "string_pattern_mismatch": "does not match the pattern {pattern}: fix its characters",
+}

@@ -9,17 +9,41 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from megatron_contract import choices
 from megatron_contract.recipes import RECIPE_NAMES
 
 from .base import (
+    MAX_BATCH,
+    MAX_DURATION_SECONDS,
+    MAX_EXPERTS,
+    MAX_GPU_MEMORY_GIB,
+    MAX_HEADS,
+    MAX_HIDDEN,
+    MAX_ITERATIONS,
+    MAX_LAYERS,
+    MAX_LR,
+    MAX_NODES,
+    MAX_PROCS_PER_NODE,
+    MAX_RESTARTS,
+    MAX_SEED,
+    MAX_SEQUENCE,
+    MAX_VOCAB,
+    MAX_WORLD_SIZE,
     ApiModel,
     AutoOrPositiveInt,
+    DnsSubdomain,
+    EnvName,
+    Finite,
+    LabelValue,
     NonNegativeInt,
     PositiveInt,
+    QualifiedName,
     Quantity,
+    SafePath,
+    Seconds,
+    TolerationKey,
     enum_schema,
     one_of,
 )
@@ -57,22 +81,30 @@ class MoeSpec(ApiModel):
     """Mixture-of-experts settings. Present only for MoE models."""
 
     num_experts: PositiveInt | None = Field(
-        None, description="Routed experts per MoE layer (required unless the recipe sets it)."
+        None,
+        le=MAX_EXPERTS,
+        description="Routed experts per MoE layer (required unless the recipe sets it).",
     )
     router_top_k: PositiveInt | None = Field(
-        None, description="Experts each token is routed to (required unless the recipe sets it)."
+        None,
+        le=MAX_EXPERTS,
+        description="Experts each token is routed to (required unless the recipe sets it).",
     )
     ffn_hidden_size: PositiveInt | None = Field(
-        None, description="Hidden size of each expert's MLP. Defaults to model.ffnHiddenSize."
+        None,
+        le=MAX_HIDDEN,
+        description="Hidden size of each expert's MLP. Defaults to model.ffnHiddenSize.",
     )
     shared_expert_ffn_hidden_size: PositiveInt | None = Field(
-        None, description="Total hidden size of the shared experts (DeepSeek style); unset: none."
+        None,
+        le=MAX_HIDDEN,
+        description="Total hidden size of the shared experts (DeepSeek style); unset: none.",
     )
     first_k_dense_layers: NonNegativeInt | None = Field(
-        None, description="The first K layers use a dense MLP instead of experts."
+        None, le=MAX_LAYERS, description="The first K layers use a dense MLP instead of experts."
     )
-    aux_loss_coeff: float | None = Field(
-        None, ge=0, description="Load-balancing auxiliary loss coefficient (default 0.01)."
+    aux_loss_coeff: Finite | None = Field(
+        None, ge=0, le=100, description="Load-balancing auxiliary loss coefficient (default 0.01)."
     )
     token_dispatcher: TokenDispatcher | None = Field(
         None, description="Megatron-Core token dispatcher (default alltoall)."
@@ -83,12 +115,16 @@ class MlaSpec(ApiModel):
     """Multi-latent attention (DeepSeek-V2/V3). Present only for MLA models; needs CUDA."""
 
     q_lora_rank: PositiveInt | None = Field(
-        None, description="Query LoRA rank; unset: no query compression."
+        None, le=MAX_HIDDEN, description="Query LoRA rank; unset: no query compression."
     )
-    kv_lora_rank: PositiveInt = Field(description="Key/value compression rank.")
-    qk_head_dim: PositiveInt = Field(description="Per-head query/key dimension without RoPE.")
-    qk_pos_emb_head_dim: PositiveInt = Field(description="Per-head query/key RoPE dimension.")
-    v_head_dim: PositiveInt = Field(description="Per-head value dimension.")
+    kv_lora_rank: PositiveInt = Field(le=MAX_HIDDEN, description="Key/value compression rank.")
+    qk_head_dim: PositiveInt = Field(
+        le=MAX_HIDDEN, description="Per-head query/key dimension without RoPE."
+    )
+    qk_pos_emb_head_dim: PositiveInt = Field(
+        le=MAX_HIDDEN, description="Per-head query/key RoPE dimension."
+    )
+    v_head_dim: PositiveInt = Field(le=MAX_HIDDEN, description="Per-head value dimension.")
 
 
 class ModelSpec(ApiModel):
@@ -99,24 +135,36 @@ class ModelSpec(ApiModel):
         description="Built-in preset that supplies defaults for every field below. Without a "
         "recipe, numLayers, hiddenSize, numAttentionHeads, vocabSize and seqLength are required.",
     )
-    num_layers: PositiveInt | None = Field(None, description="Transformer layers.")
-    hidden_size: PositiveInt | None = Field(None, description="Model (embedding) dimension.")
-    ffn_hidden_size: PositiveInt | None = Field(
-        None, description="MLP hidden size (default 4 × hiddenSize)."
+    num_layers: PositiveInt | None = Field(None, le=MAX_LAYERS, description="Transformer layers.")
+    hidden_size: PositiveInt | None = Field(
+        None, le=MAX_HIDDEN, description="Model (embedding) dimension."
     )
-    num_attention_heads: PositiveInt | None = Field(None, description="Attention heads.")
+    ffn_hidden_size: PositiveInt | None = Field(
+        None, le=MAX_HIDDEN, description="MLP hidden size (default 4 × hiddenSize)."
+    )
+    num_attention_heads: PositiveInt | None = Field(
+        None, le=MAX_HEADS, description="Attention heads."
+    )
     num_query_groups: PositiveInt | None = Field(
-        None, description="Key/value head groups for grouped-query attention (default: heads)."
+        None,
+        le=MAX_HEADS,
+        description="Key/value head groups for grouped-query attention (default: heads).",
     )
     kv_channels: PositiveInt | None = Field(
-        None, description="Per-head dimension (default hiddenSize / numAttentionHeads)."
+        None,
+        le=MAX_HIDDEN,
+        description="Per-head dimension (default hiddenSize / numAttentionHeads).",
     )
     vocab_size: PositiveInt | None = Field(
-        None, description="Tokenizer vocabulary size before padding."
+        None, le=MAX_VOCAB, description="Tokenizer vocabulary size before padding."
     )
-    seq_length: PositiveInt | None = Field(None, description="Training sequence length in tokens.")
+    seq_length: PositiveInt | None = Field(
+        None, le=MAX_SEQUENCE, description="Training sequence length in tokens."
+    )
     max_position_embeddings: PositiveInt | None = Field(
-        None, description="Maximum positions the model supports (default seqLength)."
+        None,
+        le=MAX_SEQUENCE,
+        description="Maximum positions the model supports (default seqLength).",
     )
     normalization: Normalization | None = Field(
         None, description="Normalization layer (default RMSNorm)."
@@ -125,12 +173,14 @@ class ModelSpec(ApiModel):
     position_embedding: PositionEmbedding | None = Field(
         None, description="Position embedding (default rope)."
     )
-    rope_theta: float | None = Field(None, gt=0, description="RoPE base frequency (default 10000).")
+    rope_theta: Finite | None = Field(
+        None, gt=0, le=1e12, description="RoPE base frequency (default 10000)."
+    )
     untie_embeddings_and_output_weights: bool | None = Field(
         None, description="Separate input embedding and output layer weights (default true)."
     )
-    norm_epsilon: float | None = Field(
-        None, gt=0, description="Normalization epsilon (default 1e-5)."
+    norm_epsilon: Finite | None = Field(
+        None, gt=0, le=1, description="Normalization epsilon (default 1e-5)."
     )
     moe: MoeSpec | None = Field(
         None, description="Mixture-of-experts settings; unset: dense model."
@@ -144,20 +194,25 @@ class ParallelismSpec(ApiModel):
     """How the model is split across GPUs. Megatron-Core's rank order is tp-cp-ep-dp-pp."""
 
     tensor: PositiveInt = Field(
-        1, description="Tensor-parallel size (TP). Must divide procsPerNode."
+        1, le=MAX_PROCS_PER_NODE, description="Tensor-parallel size (TP). Must divide procsPerNode."
     )
-    pipeline: PositiveInt = Field(1, description="Pipeline-parallel size (PP).")
+    pipeline: PositiveInt = Field(1, le=MAX_LAYERS, description="Pipeline-parallel size (PP).")
     virtual_pipeline: PositiveInt | None = Field(
         None,
+        le=MAX_LAYERS,
         description="Virtual pipeline stages per pipeline rank (interleaved schedule); needs "
         "pipeline > 1.",
     )
-    context: PositiveInt = Field(1, description="Context-parallel size (CP); CUDA only.")
+    context: PositiveInt = Field(
+        1, le=MAX_WORLD_SIZE, description="Context-parallel size (CP); CUDA only."
+    )
     expert: PositiveInt = Field(
-        1, description="Expert-parallel size (EP); MoE models only, CUDA only."
+        1, le=MAX_EXPERTS, description="Expert-parallel size (EP); MoE models only, CUDA only."
     )
     expert_tensor: PositiveInt | None = Field(
-        None, description="Tensor-parallel size inside experts (ETP); defaults to tensor."
+        None,
+        le=MAX_PROCS_PER_NODE,
+        description="Tensor-parallel size inside experts (ETP); defaults to tensor.",
     )
     data: AutoOrPositiveInt = Field(
         "auto",
@@ -174,39 +229,44 @@ class TrainingSpec(ApiModel):
     """Optimisation settings."""
 
     global_batch_size: PositiveInt = Field(
-        description="Sequences per optimizer step; fixed for the life of the job (and across resumes)."
+        le=MAX_BATCH,
+        description="Sequences per optimizer step; fixed for the life of the job (and across resumes).",
     )
-    micro_batch_size: PositiveInt = Field(1, description="Sequences per forward pass per rank.")
-    train_iters: PositiveInt = Field(description="Optimizer steps to train for.")
-    lr: float = Field(3.0e-4, gt=0, description="Peak learning rate.")
-    min_lr: float = Field(3.0e-5, ge=0, description="Final learning rate after decay.")
-    warmup_iters: NonNegativeInt = Field(0, description="Linear warmup steps.")
+    micro_batch_size: PositiveInt = Field(
+        1, le=MAX_BATCH, description="Sequences per forward pass per rank."
+    )
+    train_iters: PositiveInt = Field(le=MAX_ITERATIONS, description="Optimizer steps to train for.")
+    lr: Finite = Field(3.0e-4, gt=0, le=MAX_LR, description="Peak learning rate.")
+    min_lr: Finite = Field(3.0e-5, ge=0, le=MAX_LR, description="Final learning rate after decay.")
+    warmup_iters: NonNegativeInt = Field(0, le=MAX_ITERATIONS, description="Linear warmup steps.")
     lr_decay_style: LrDecayStyle = Field("cosine", description="Learning-rate decay after warmup.")
-    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay.")
-    clip_grad: float = Field(1.0, ge=0, description="Gradient-norm clipping threshold (0: off).")
-    adam_beta1: float = Field(0.9, gt=0, lt=1, description="AdamW beta1.")
-    adam_beta2: float = Field(0.95, gt=0, lt=1, description="AdamW beta2.")
+    weight_decay: Finite = Field(0.1, ge=0, le=10, description="AdamW weight decay.")
+    clip_grad: Finite = Field(
+        1.0, ge=0, le=1e6, description="Gradient-norm clipping threshold (0: off)."
+    )
+    adam_beta1: Finite = Field(0.9, gt=0, lt=1, description="AdamW beta1.")
+    adam_beta2: Finite = Field(0.95, gt=0, lt=1, description="AdamW beta2.")
     precision: Precision | None = Field(
         None,
         description="Training precision (default bf16 on GPUs, fp32 with accelerator none). fp8 "
         "needs Transformer Engine; CPU needs fp32.",
     )
     seed: NonNegativeInt = Field(
-        1234, description="Random seed for weights, dropout and data order."
+        1234, le=MAX_SEED, description="Random seed for weights, dropout and data order."
     )
     recompute: Recompute = Field(
         "none", description="Activation recomputation: trades compute for memory."
     )
     log_interval: PositiveInt = Field(
-        10, description="Steps between progress reports (loss, tokens/s, MFU)."
+        10, le=MAX_ITERATIONS, description="Steps between progress reports (loss, tokens/s, MFU)."
     )
 
 
 class BlendItem(ApiModel):
     """One indexed dataset (.bin/.idx, as written by `mjob preprocess`) in a weighted blend."""
 
-    weight: float = Field(gt=0, description="Relative sampling weight.")
-    prefix: str = Field(
+    weight: Finite = Field(gt=0, le=1e9, description="Relative sampling weight.")
+    prefix: SafePath = Field(
         min_length=1, max_length=4096, description="Path prefix of the .bin/.idx pair in the pod."
     )
 
@@ -214,7 +274,7 @@ class BlendItem(ApiModel):
 class TokenizerSpec(ApiModel):
     """A Hugging Face tokenizer read from a local directory (no hub access)."""
 
-    path: str = Field(
+    path: SafePath = Field(
         min_length=1, max_length=4096, description="Directory holding tokenizer.json, in the pod."
     )
 
@@ -229,7 +289,7 @@ class DataSpec(ApiModel):
     tokenizer: TokenizerSpec | None = Field(None, description="Tokenizer; required with blend.")
     split: str = Field(
         "100,0,0",
-        pattern=r"^\d+,\d+,\d+$",
+        pattern=r"^\d{1,9},\d{1,9},\d{1,9}$",
         max_length=64,
         description="Train,valid,test split weights.",
     )
@@ -238,15 +298,15 @@ class DataSpec(ApiModel):
 class Toleration(ApiModel):
     """A Kubernetes toleration, copied to every pod."""
 
-    key: str | None = Field(
-        None, max_length=316, description="Taint key; empty matches all keys with Exists."
+    key: TolerationKey | None = Field(
+        None, description="Taint key; empty matches all keys with Exists."
     )
     operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal.")
-    value: str | None = Field(None, max_length=32768, description="Taint value for Equal.")
+    value: LabelValue | None = Field(None, description="Taint value for Equal.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         None, description="Taint effect to match; empty matches all."
     )
-    toleration_seconds: int | None = Field(
+    toleration_seconds: Seconds | None = Field(
         None, description="For NoExecute: how long to stay bound."
     )
 
@@ -254,15 +314,20 @@ class Toleration(ApiModel):
 class ResourcesSpec(ApiModel):
     """Nodes, GPUs and per-pod resources. One pod runs on each node."""
 
-    nodes: PositiveInt = Field(description="Pods (one per node).")
+    nodes: PositiveInt = Field(le=MAX_NODES, description="Pods (one per node).")
     procs_per_node: PositiveInt = Field(
-        description="Ranks per pod: one per GPU with nvidia.com/gpu, CPU processes with none."
+        le=MAX_PROCS_PER_NODE,
+        description="Ranks per pod: one per GPU with nvidia.com/gpu, CPU processes with none.",
     )
     accelerator: Accelerator = Field(
         "nvidia.com/gpu", description="GPU resource to request per pod, or none for CPU training."
     )
-    gpu_memory_gib: float = Field(
-        80.0, gt=0, alias="gpuMemoryGiB", description="Memory per GPU; the planner's budget."
+    gpu_memory_gib: Finite = Field(
+        80.0,
+        gt=0,
+        le=MAX_GPU_MEMORY_GIB,
+        alias="gpuMemoryGiB",
+        description="Memory per GPU; the planner's budget.",
     )
     requests: dict[str, Quantity] = Field(
         default_factory=dict,
@@ -275,19 +340,30 @@ class ResourcesSpec(ApiModel):
         description="Per-pod limits. A resource named rdma/* adds IPC_LOCK.",
     )
     shm_size: Quantity = Field("16Gi", description="Size of the memory-backed /dev/shm.")
-    node_selector: dict[str, str] = Field(
+    node_selector: dict[QualifiedName, LabelValue] = Field(
         default_factory=dict, max_length=64, description="Node labels every pod must match."
     )
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=64, description="Tolerations added to every pod."
     )
 
+    @model_validator(mode="after")
+    def _world_size_cap(self) -> ResourcesSpec:
+        # Also a CEL rule (cel.py): the apiserver refuses the same specs.
+        world = self.nodes * self.procs_per_node
+        if world > MAX_WORLD_SIZE:
+            raise ValueError(
+                f"resources.nodes × resources.procsPerNode is {world}, above the cap of "
+                f"{MAX_WORLD_SIZE} ranks: use fewer nodes or processes per node"
+            )
+        return self
+
 
 class TopologySpec(ApiModel):
     """Packing of the job's pods into one topology domain (a rack, an NVLink domain)."""
 
-    key: str | None = Field(
-        None, max_length=316, description="Node label key of the domain, e.g. a rack label."
+    key: QualifiedName | None = Field(
+        None, description="Node label key of the domain, e.g. a rack label."
     )
     mode: Literal["required", "preferred", "none"] = Field(
         "none", description="required: all pods in one domain; preferred: best effort; none: off."
@@ -300,8 +376,8 @@ AccessMode = Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"]
 class PvcCreate(ApiModel):
     """A PersistentVolumeClaim the operator creates (and deletes with the job)."""
 
-    storage_class_name: str | None = Field(
-        None, max_length=253, description="StorageClass; unset: the default."
+    storage_class_name: DnsSubdomain | None = Field(
+        None, description="StorageClass; unset: the default."
     )
     size: Quantity = Field(description="Requested capacity, e.g. 500Gi.")
     access_modes: list[AccessMode] = Field(
@@ -315,10 +391,14 @@ class PvcCreate(ApiModel):
 class VolumeSpec(ApiModel):
     """Where checkpoints live: an existing claim, or one the operator creates."""
 
-    claim_name: str | None = Field(
-        None, max_length=253, description="An existing PersistentVolumeClaim."
-    )
+    claim_name: DnsSubdomain | None = Field(None, description="An existing PersistentVolumeClaim.")
     create: PvcCreate | None = Field(None, description="Create a claim named <job>-checkpoints.")
+
+
+# One segment of checkpoint.path: letters, digits, '.', '_' and '-', but not '.' or '..' (which
+# would leave the volume). Spelled without look-ahead: the apiserver's regex engine has none.
+_SEGMENT = r"([A-Za-z0-9_-][A-Za-z0-9._-]*|[.][A-Za-z0-9_-][A-Za-z0-9._-]*|[.][.][A-Za-z0-9._-]+)"
+CHECKPOINT_PATH_PATTERN = f"^{_SEGMENT}(/{_SEGMENT})*$"
 
 
 class CheckpointSpec(ApiModel):
@@ -327,22 +407,28 @@ class CheckpointSpec(ApiModel):
     volume: VolumeSpec = Field(description="The volume holding checkpoints (exactly one source).")
     path: str | None = Field(
         None,
-        pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$",
+        pattern=CHECKPOINT_PATH_PATTERN,
         max_length=4096,
         description="Directory inside the volume (default: the job name).",
     )
-    save_interval: PositiveInt = Field(1000, description="Steps between checkpoints.")
+    save_interval: PositiveInt = Field(
+        1000, le=MAX_ITERATIONS, description="Steps between checkpoints."
+    )
     async_: bool = Field(
         False, alias="async", description="Write checkpoints in the background (fewer stalls)."
     )
-    keep: NonNegativeInt = Field(2, description="Newest checkpoints to keep (0 keeps all).")
+    keep: NonNegativeInt = Field(
+        2, le=MAX_ITERATIONS, description="Newest checkpoints to keep (0 keeps all)."
+    )
     sharding_type: ShardingType = Field(
         "dp_reshardable",
         description="Distributed-optimizer layout. fully_reshardable allows TP/PP changes on "
         "resume but saves slower.",
     )
     grace_period_seconds: PositiveInt = Field(
-        300, description="Pod termination grace period: time to save a checkpoint on SIGTERM."
+        300,
+        le=MAX_DURATION_SECONDS,
+        description="Pod termination grace period: time to save a checkpoint on SIGTERM.",
     )
 
 
@@ -352,7 +438,7 @@ class FailureRule(ApiModel):
     action: FailureAction = Field(
         description="Restart (counts toward maxRestarts), RestartNotCounted, or Fail."
     )
-    exit_codes: list[int] | None = Field(
+    exit_codes: list[Annotated[int, Field(ge=0, le=255)]] | None = Field(
         None,
         min_length=1,
         max_length=64,
@@ -369,12 +455,14 @@ class FailureRule(ApiModel):
 class RestartPolicySpec(ApiModel):
     """Gang restarts: any rank failing restarts every pod as the next attempt."""
 
-    max_restarts: NonNegativeInt = Field(3, description="Counted restarts before the job fails.")
-    backoff_seconds: NonNegativeInt = Field(
+    max_restarts: NonNegativeInt = Field(
+        3, le=MAX_RESTARTS, description="Counted restarts before the job fails."
+    )
+    backoff_seconds: Seconds = Field(
         10, description="Wait before attempt k+1: backoffSeconds · 2^k, capped."
     )
-    max_backoff_seconds: NonNegativeInt = Field(300, description="Cap on the backoff.")
-    hang_timeout_seconds: NonNegativeInt = Field(
+    max_backoff_seconds: Seconds = Field(300, description="Cap on the backoff.")
+    hang_timeout_seconds: Seconds = Field(
         1800,
         description="Restart with reason Hang when Running without progress this long (0: off).",
     )
@@ -388,16 +476,18 @@ class RestartPolicySpec(ApiModel):
 class EnvVar(ApiModel):
     """An extra environment variable for the trainer container."""
 
-    name: str = Field(min_length=1, max_length=256, description="Variable name.")
+    name: EnvName = Field(description="Variable name: letters, digits and '_', not first a digit.")
     value: str = Field("", max_length=32768, description="Value.")
 
 
 class ProfilingSpec(ApiModel):
     """A torch.profiler window; traces go to <checkpoint dir>/profiles."""
 
-    start_step: PositiveInt = Field(description="First profiled step.")
-    end_step: PositiveInt = Field(description="Last profiled step.")
-    ranks: list[NonNegativeInt] = Field(default=[0], max_length=64, description="Ranks to profile.")
+    start_step: PositiveInt = Field(le=MAX_ITERATIONS, description="First profiled step.")
+    end_step: PositiveInt = Field(le=MAX_ITERATIONS, description="Last profiled step.")
+    ranks: list[Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]] = Field(
+        default=[0], max_length=64, description="Ranks to profile."
+    )
 
 
 class MegatronJobSpec(ApiModel):
@@ -423,10 +513,8 @@ class MegatronJobSpec(ApiModel):
         default_factory=list, max_length=128, description="Extra trainer environment."
     )
     profiling: ProfilingSpec | None = Field(None, description="Optional profiler window.")
-    priority_class_name: str | None = Field(
-        None, max_length=253, description="PriorityClass of the pods."
-    )
+    priority_class_name: DnsSubdomain | None = Field(None, description="PriorityClass of the pods.")
     suspend: bool = Field(False, description="true deletes the pods (they checkpoint first).")
-    ttl_seconds_after_finished: NonNegativeInt | None = Field(
+    ttl_seconds_after_finished: Seconds | None = Field(
         None, description="Delete the job this long after it Succeeded or Failed."
     )
