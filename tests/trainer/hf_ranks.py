@@ -39,6 +39,25 @@ def sample_tokens(vocab: int, seq: int) -> torch.Tensor:
     return torch.randint(0, vocab, (MICROBATCHES, seq), generator=generator)
 
 
+def hf_logits(model_dir: Path, seq: int) -> torch.Tensor:
+    """Hugging Face's own logits (transformers' LlamaForCausalLM, fp32) of `sample_tokens`."""
+    import transformers
+
+    model = transformers.LlamaForCausalLM.from_pretrained(model_dir).float().eval()
+    with torch.no_grad():
+        return model(sample_tokens(model.config.vocab_size, seq)).logits
+
+
+def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face directory, by name."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    return tensors
+
+
 def run_ranks(
     cfg: dict[str, Any], steps: list[dict[str, Any]], workdir: Path, timeout: float = 240.0
 ) -> str:
@@ -91,7 +110,7 @@ def _logits(trainer: Any, out: str) -> None:
 
     def forward_step(data: Any, model: Any) -> tuple[torch.Tensor, Any]:
         batch = next(data)
-        return model(batch, positions, None, runtime_gather_output=True), partial(collect)
+        return model(batch, positions, None), partial(collect)
 
     for chunk in trainer.model:
         chunk.eval()
@@ -107,10 +126,20 @@ def _logits(trainer: Any, out: str) -> None:
             forward_only=True,
             collect_non_loss_data=True,
         )
-    last = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
-    if last and parallel_state.get_tensor_model_parallel_rank() == 0:
-        logits = torch.cat(outputs)[..., : cfg.model.vocab_size]
-        torch.save(logits, out)
+    if not parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+        return
+    # Each TP rank holds a vocabulary slice. Megatron's own gather (runtime_gather_output) calls
+    # torch.cuda, so gather here over the TP group.
+    local = torch.cat(outputs)
+    pieces = [
+        torch.empty_like(local)
+        for _ in range(parallel_state.get_tensor_model_parallel_world_size())
+    ]
+    torch.distributed.all_gather(
+        pieces, local.contiguous(), group=parallel_state.get_tensor_model_parallel_group()
+    )
+    if parallel_state.get_tensor_model_parallel_rank() == 0:
+        torch.save(torch.cat(pieces, dim=-1)[..., : cfg.model.vocab_size], out)
 
 
 def _run(steps: list[dict[str, Any]]) -> int:

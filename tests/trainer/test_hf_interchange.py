@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 import torch
 
-from .hf_ranks import run_ranks, sample_tokens
+from .hf_ranks import hf_logits, read_safetensors, run_ranks
 from .trainer_configs import tiny_config
 
 pytestmark = pytest.mark.trainer
 transformers = pytest.importorskip("transformers")
-safetensors_torch = pytest.importorskip("safetensors.torch")
 
 SEQ = 32
 # Tiny Llamas: vocab 250 is padded to 256 rows on our side (padding rows at TP=1 and TP=2).
@@ -27,7 +26,24 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gqa-untied": {"num_key_value_heads": 2, "tie_word_embeddings": False},
     "mha-tied": {"num_key_value_heads": 4, "tie_word_embeddings": True},
 }
-LAYOUTS: dict[str, dict[str, int]] = {"tp1": {}, "tp2": {"tp": 2}, "pp2": {"pp": 2}}
+LAYOUTS: dict[str, dict[str, int]] = {
+    "tp1": {},
+    "tp2": {"tp": 2},
+    "pp2": {"pp": 2},
+    "pp2-vpp2": {"pp": 2, "vpp": 2},
+}
+# Tied embeddings with PP > 1 are not covered: on CPU, Megatron-Core 0.16.1 copies the last
+# stage's output weight with `weight.data.cuda()` at model build (language_module.py), which the
+# CPU platform does not redirect. The import code path is the same as at PP=1 (output_layer.weight
+# reads model.embed_tokens.weight).
+CASES = [
+    ("tp1", "gqa-untied"),
+    ("tp1", "mha-tied"),
+    ("tp2", "gqa-untied"),
+    ("tp2", "mha-tied"),
+    ("pp2", "gqa-untied"),
+    ("pp2-vpp2", "gqa-untied"),
+]
 
 
 def llama_config(variant: str) -> Any:
@@ -61,21 +77,6 @@ def trainer_config(model: dict[str, Any], ckpt: Path, **layout: int) -> dict[str
     return cfg
 
 
-def hf_logits(model_dir: Path) -> torch.Tensor:
-    model = transformers.LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
-    model.eval()
-    tokens = sample_tokens(model.config.vocab_size, SEQ)
-    with torch.no_grad():
-        return model(tokens).logits
-
-
-def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
-    for file in sorted(model_dir.glob("*.safetensors")):
-        tensors.update(safetensors_torch.load_file(file))
-    return tensors
-
-
 @pytest.fixture(scope="module")
 def hf_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """`hf_model(variant)`: a saved random LlamaForCausalLM with non-trivial norm weights."""
@@ -97,8 +98,7 @@ def hf_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     return get
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize(("layout", "variant"), CASES, ids=["-".join(case) for case in CASES])
 def test_import_matches_hf_and_round_trips(
     layout: str, variant: str, hf_model: Callable[[str], Path], tmp_path: Path
 ) -> None:
@@ -117,7 +117,7 @@ def test_import_matches_hf_and_round_trips(
         ],
         tmp_path / "ranks",
     )
-    ours, theirs = torch.load(logits_file), hf_logits(source)
+    ours, theirs = torch.load(logits_file), hf_logits(source, SEQ)
     assert ours.shape == theirs.shape == (2, SEQ, 250)
     assert theirs.abs().max() > 1.0  # logits big enough that a wrong weight would show
     assert (ours - theirs).abs().max().item() <= 1e-4
@@ -132,4 +132,4 @@ def test_import_matches_hf_and_round_trips(
     assert config["tie_word_embeddings"] == hf["tie_word_embeddings"]
     assert config["num_key_value_heads"] == hf["num_key_value_heads"]
     # transformers itself reads the export (config and weights) and gives the same logits.
-    assert torch.equal(hf_logits(exported), theirs)
+    assert torch.equal(hf_logits(exported, SEQ), theirs)

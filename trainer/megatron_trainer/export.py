@@ -92,10 +92,11 @@ def read_trainer_metadata(path: Path) -> dict[str, Any]:
 
 def read_full_tensors(path: Path, keys: list[str]) -> dict[str, torch.Tensor]:
     """The full (unsharded) tensors `keys` of a torch_dist checkpoint, without a process group."""
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from torch.distributed.checkpoint.state_dict_loader import load
 
-    reader = dcp.FileSystemReader(str(path))
+    reader = FileSystemReader(str(path))
     metadata = reader.read_metadata().state_dict_metadata
     state: dict[str, torch.Tensor] = {}
     for key in keys:
@@ -106,7 +107,7 @@ def read_full_tensors(path: Path, keys: list[str]) -> dict[str, torch.Tensor]:
     with warnings.catch_warnings():
         # torch warns that it "assumes" a single process even when told so with no_dist.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=reader, no_dist=True)
+        load(state, storage_reader=reader, no_dist=True)
     return state
 
 

@@ -68,7 +68,7 @@ def hf_rope_theta(hf: dict[str, Any]) -> float:
 
 
 def hf_rope_type(hf: dict[str, Any]) -> str:
-    """"default" for plain RoPE; anything else (llama3, yarn, linear, ...) rescales frequencies."""
+    """ "default" for plain RoPE; anything else (llama3, yarn, linear, ...) rescales frequencies."""
     for key in ("rope_parameters", "rope_scaling"):
         value = hf.get(key)
         if isinstance(value, dict):
@@ -158,7 +158,9 @@ def check_hf_config(model: ModelConfig, hf_dir: str | Path) -> list[str]:
             f"spec.model.addBiasLinear is true but {where} has no linear biases: set it to false"
         )
     if model.moe is not None:
-        problems.append(f"spec.model.moe is set but {where} is a dense model: remove spec.model.moe")
+        problems.append(
+            f"spec.model.moe is set but {where} is a dense model: remove spec.model.moe"
+        )
     if model.mla is not None:
         problems.append(f"spec.model.mla is set but {where} uses standard attention: remove it")
     rope_type = hf_rope_type(hf)
@@ -282,6 +284,20 @@ class SafetensorsDir:
     def shape(self, name: str) -> list[int]:
         return list(self.slice(name).get_shape())
 
+    def read(
+        self,
+        name: str,
+        rows: tuple[int, int] | None = None,
+        columns: tuple[int, int] | None = None,
+    ) -> torch.Tensor:
+        """Tensor `name`, or its `rows` / `columns` range [first, last): only those are read."""
+        r = slice(*rows) if rows else slice(None)
+        if columns is None:
+            tensor: torch.Tensor = self.slice(name)[r]
+        else:
+            tensor = self.slice(name)[r, slice(*columns)]
+        return tensor
+
 
 # ---------------------------------------------------------------------------------------------
 # Import
@@ -305,30 +321,30 @@ def read_local(
 ) -> torch.Tensor:
     """This TP rank's piece of our parameter, built from the Hugging Face tensors it needs."""
     if source.kind == "norm":
-        return hf.slice(source.names[0])[:]
+        return hf.read(source.names[0])
     if source.kind == "vocab":
-        padded = model.padded_vocab_size
-        first, last = _rows(padded, shard)
+        first, last = _rows(model.padded_vocab_size, shard)
         name = source.names[0]
         vocab = hf.shape(name)[0]
-        rows = hf.slice(name)[min(first, vocab) : min(last, vocab)]
+        rows = hf.read(name, rows=(min(first, vocab), min(last, vocab)))
         local = rows.new_zeros(last - first, rows.shape[1])  # rows past the vocabulary: padding
         local[: rows.shape[0]] = rows
         return local
     if source.kind == "row":
         columns = hf.shape(source.names[0])[1]
-        first, last = _rows(columns, shard)
-        return hf.slice(source.names[0])[:, first:last]
+        return hf.read(source.names[0], columns=_rows(columns, shard))
     if source.kind == "fc1":
-        gate, up = (hf.slice(n) for n in source.names)
-        first, last = _rows(model.ffn_hidden_size, shard)
-        return torch.cat([gate[first:last], up[first:last]])
+        gate, up = source.names
+        ffn_rows = _rows(model.ffn_hidden_size, shard)
+        return torch.cat([hf.read(gate, rows=ffn_rows), hf.read(up, rows=ffn_rows)])
     if source.kind == "qkv":
         return _local_qkv(source, hf, model, shard)
     raise AssertionError(source.kind)
 
 
-def _local_qkv(source: Source, hf: SafetensorsDir, model: ModelConfig, shard: Shard) -> torch.Tensor:
+def _local_qkv(
+    source: Source, hf: SafetensorsDir, model: ModelConfig, shard: Shard
+) -> torch.Tensor:
     groups = model.num_query_groups
     if groups % shard.size:
         raise ConfigError(
@@ -339,9 +355,9 @@ def _local_qkv(source: Source, hf: SafetensorsDir, model: ModelConfig, shard: Sh
     per_group = model.num_attention_heads // groups  # query heads per key/value head
     g0, g1 = _rows(groups, shard)
     q_name, k_name, v_name = source.names
-    q = hf.slice(q_name)[g0 * per_group * d : g1 * per_group * d]
-    k = hf.slice(k_name)[g0 * d : g1 * d]
-    v = hf.slice(v_name)[g0 * d : g1 * d]
+    q = hf.read(q_name, rows=(g0 * per_group * d, g1 * per_group * d))
+    k = hf.read(k_name, rows=(g0 * d, g1 * d))
+    v = hf.read(v_name, rows=(g0 * d, g1 * d))
     local_groups, hidden = g1 - g0, q.shape[-1]
     fused = torch.cat(
         [

@@ -75,7 +75,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def key_prefix(path: Path) -> str:
     """The prefix of the model keys in the checkpoint: "" (Megatron-LM) or "module." (NeMo)."""
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
 
     keys = FileSystemReader(str(path)).read_metadata().state_dict_metadata
     for key in keys:
@@ -156,9 +156,7 @@ def load_megatron_weights(
     if load == "full":
         from megatron.core import parallel_state
 
-        metadata["dp_cp_group"] = parallel_state.get_data_parallel_group(
-            with_context_parallel=True
-        )
+        metadata["dp_cp_group"] = parallel_state.get_data_parallel_group(with_context_parallel=True)
     state: dict[str, Any] = {
         key: _model_state(chunk, prefix, metadata) for key, chunk in _model_keys(model_chunks)
     }
