@@ -6,6 +6,9 @@ in MEGATRON_CONFIG and runs the steps in STEPS.json against it, in order:
 
     {"op": "import_hf", "dir": D}              hf.load_hf_into_model, then reload the optimizer
     {"op": "load_megatron", "path": P}         init_weights.load_megatron_weights (weights)
+    {"op": "load_full", "path": P, "error_out": F}  load: full, then continue from its position;
+                                               a ConfigError's message goes to F
+    {"op": "train_step", "out": F}             one training step; rank 0 writes the loss to F
     {"op": "logits", "out": F}                 forward of `sample_tokens`; one rank writes F
     {"op": "save", "iteration": N}             Checkpointer.save, blocking
 
@@ -147,7 +150,11 @@ def _run(steps: list[dict[str, Any]]) -> int:
     from megatron_trainer.imports import import_megatron_core
 
     import_megatron_core()
+    from megatron.core import parallel_state
+
     from megatron_trainer import optim_compat
+    from megatron_trainer.config import ConfigError
+    from megatron_trainer.data import MicroBatches, build_dataset
     from megatron_trainer.hf import load_hf_into_model
     from megatron_trainer.init_weights import load_megatron_weights
     from megatron_trainer.loop import Trainer
@@ -164,6 +171,30 @@ def _run(steps: list[dict[str, Any]]) -> int:
         elif op == "load_megatron":
             load_megatron_weights(trainer.model, step["path"], step.get("load", "weights"))
             trainer.optimizer.reload_model_params()
+        elif op == "load_full":
+            # What the trainer does with `checkpoint.init.megatron.load: full`: optimizer and
+            # scheduler too, then continue from the source's iteration and data position.
+            try:
+                point = load_megatron_weights(
+                    trainer.model, step["path"], "full",
+                    optimizer=trainer.optimizer, scheduler=trainer.scheduler,
+                )  # fmt: skip
+            except ConfigError as err:
+                if "error_out" not in step:
+                    raise
+                Path(step["error_out"]).write_text(str(err))
+                continue
+            assert point.iteration is not None and point.consumed_samples is not None
+            trainer.iteration, trainer.consumed_samples = point.iteration, point.consumed_samples
+            trainer.data = MicroBatches(
+                build_dataset(cfg, cfg.training.train_iters * cfg.training.global_batch_size),
+                cfg, point.consumed_samples, parallel_state.get_data_parallel_rank(),
+                trainer.platform.device,
+            )  # fmt: skip
+        elif op == "train_step":
+            loss = trainer.train_step().loss
+            if trainer.rank == 0:
+                Path(step["out"]).write_text(json.dumps(loss))
         elif op == "logits":
             _logits(trainer, step["out"])
         elif op == "save":

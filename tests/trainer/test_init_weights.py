@@ -141,3 +141,45 @@ def test_init_path_rules(trained_tp2: Path, tmp_path: Path) -> None:
     (partial / ".metadata").unlink()
     with pytest.raises(ConfigError, match=r"not a complete checkpoint: .metadata is missing"):
         resolve_checkpoint(partial)
+
+
+@pytest.fixture(scope="module")
+def trained_reshardable(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, float]]:
+    """3 steps of gpt-tiny at TP=2, saved fully_reshardable at 2 and 3, and its losses."""
+    workdir = tmp_path_factory.mktemp("tp2-full")
+    cfg = tiny_config(workdir / "ckpt", tp=2, trainIters=3, save_interval=2)
+    cfg["checkpoint"].update(keep=0, shardingType="fully_reshardable")
+    run = run_trainer(cfg, workdir)
+    assert run.returncode == 0, run.output[-5000:]
+    return workdir / "ckpt", run.losses()
+
+
+def test_full_load_continues_the_source_run_at_another_layout(
+    trained_reshardable: tuple[Path, dict[int, float]], tmp_path: Path
+) -> None:
+    source, losses = trained_reshardable
+    cfg = tiny_config(tmp_path / "ckpt", trainIters=3)  # TP=1, the source's schedule
+    run_ranks(
+        cfg,
+        [
+            {"op": "load_full", "path": str(source / "iter_0000002")},
+            {"op": "train_step", "out": str(tmp_path / "loss.json")},
+        ],
+        tmp_path / "ranks",
+    )
+    loss = json.loads((tmp_path / "loss.json").read_text())
+    # Step 3 after the optimizer state and data position of step 2: the source's own step 3
+    # (other layouts agree to 1e-5, tests/trainer/test_layouts.py).
+    assert abs(loss - losses[3]) / losses[3] <= 1e-5, (loss, losses)
+
+
+def test_full_load_refuses_a_layout_change_of_dp_reshardable_state(
+    trained_tp2: Path, tmp_path: Path
+) -> None:
+    cfg = tiny_config(tmp_path / "ckpt")  # TP=1; trained_tp2 saved dp_reshardable at TP=2
+    error = tmp_path / "error.txt"
+    run_ranks(
+        cfg, [{"op": "load_full", "path": str(trained_tp2), "error_out": str(error)}], tmp_path
+    )
+    assert "'full' cannot change tensor/pipeline parallelism" in error.read_text()
+    assert "dp_reshardable at tensor=2, pipeline=1" in error.read_text()

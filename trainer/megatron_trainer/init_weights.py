@@ -114,7 +114,7 @@ def _source_position(common: dict[str, Any]) -> tuple[int | None, int | None]:
     iteration = common.get("iteration")
     trainer = common.get("trainer")
     if isinstance(trainer, dict) and "consumedSamples" in trainer:
-        return trainer.get("iteration", iteration), int(trainer["consumedSamples"])
+        return int(trainer["iteration"]), int(trainer["consumedSamples"])
     args = common.get("args")
     consumed = getattr(args, "consumed_train_samples", None)
     return (
@@ -149,30 +149,30 @@ def load_megatron_weights(
 
     chosen = resolve_checkpoint(path)
     prefix = key_prefix(chosen)
+    common = TorchCommonLoadStrategy().load_common(chosen)
+    common = common if isinstance(common, dict) else {}
     content = dist_checkpointing.load_content_metadata(str(chosen)) or {}
-    # Our sharded state dicts must be described the way the source was written; the process
-    # group is this job's own.
+    # Our sharded state dicts must be described the way the source was written.
     metadata: dict[str, Any] = dict(content)
+    first = next(iter(unwrap(model_chunks[0]).parameters()))
     if load == "full":
         from megatron.core import parallel_state
 
+        from . import optim_compat
+
+        _check_full_load(common, content, prefix, chosen)
         metadata["dp_cp_group"] = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        if not first.is_cuda:
+            # As checkpoint.py: the only fully_reshardable variant that runs on CPU (it gathers
+            # over gloo instead of with `.cuda()`); same checkpoint content.
+            metadata["distrib_optim_fully_reshardable_mem_efficient"] = True
     state: dict[str, Any] = {
         key: _model_state(chunk, prefix, metadata) for key, chunk in _model_keys(model_chunks)
     }
     if load == "full":
-        from . import optim_compat
-
-        if prefix:
-            raise ConfigError(
-                [f"{FIELD}.load: 'full' reads Megatron-LM checkpoints only; {chosen} is a NeMo "
-                 "checkpoint (keys under 'module.'): use load: weights"]
-            )  # fmt: skip
-        _check_optimizer_layout(content, chosen)
         optim_compat.prepare_for_load(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=True, metadata=metadata)
     strategy = get_default_load_sharded_strategy(str(chosen))
-    first = next(iter(unwrap(model_chunks[0]).parameters()))
     if first.is_cuda:
         from megatron.core import parallel_state
         from megatron.core.dist_checkpointing.strategies.fully_parallel import (
@@ -197,23 +197,55 @@ def load_megatron_weights(
                     [f"{FIELD}.path: {chosen} does not fit this model (missing "
                      f"{weights_missing[:5]}, unexpected {list(unexpected)[:5]})"]
                 )  # fmt: skip
-    common = TorchCommonLoadStrategy().load_common(chosen)
-    iteration, consumed = _source_position(common if isinstance(common, dict) else {})
+    iteration, consumed = _source_position(common)
     if load == "full":
-        from . import optim_compat
-
         optim_compat.load_optimizer_state(optimizer, loaded["optimizer"])
-        if "opt_param_scheduler" in common:
-            scheduler.load_state_dict(common["opt_param_scheduler"])
+        scheduler.load_state_dict(common["opt_param_scheduler"])
     return InitPoint(chosen, iteration, consumed)
 
 
-def _check_optimizer_layout(content: dict[str, Any], path: Path) -> None:
-    sharding = content.get("distrib_optim_sharding_type")
-    if sharding is None:
+def source_layout(common: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(tensor, pipeline) sizes the source was saved at: our `trainer` record or Megatron-LM's
+    `args`; None where unknown."""
+    trainer = common.get("trainer")
+    if isinstance(trainer, dict) and isinstance(trainer.get("layout"), dict):
+        return trainer["layout"].get("tensor"), trainer["layout"].get("pipeline")
+    args = common.get("args")
+    return (
+        getattr(args, "tensor_model_parallel_size", None),
+        getattr(args, "pipeline_model_parallel_size", None),
+    )
+
+
+def _check_full_load(
+    common: dict[str, Any], content: dict[str, Any], prefix: str, path: Path
+) -> None:
+    """ConfigError unless the optimizer state at `path` can load into this job's layout."""
+    from megatron.core import parallel_state
+
+    if prefix:
         raise ConfigError(
-            [f"{FIELD}.load: {path} does not record how its optimizer state is sharded (no "
-             "distrib_optim_sharding_type in metadata.json); use load: weights"]
+            [f"{FIELD}.load: 'full' reads Megatron-LM checkpoints only; {path} is a NeMo "
+             "checkpoint (keys under 'module.'): use load: weights"]
+        )  # fmt: skip
+    sharding = content.get("distrib_optim_sharding_type")
+    if sharding is None or "opt_param_scheduler" not in common:
+        raise ConfigError(
+            [f"{FIELD}.load: {path} has no distributed-optimizer state to load (no "
+             "distrib_optim_sharding_type in metadata.json, or no opt_param_scheduler); "
+             "use load: weights"]
+        )  # fmt: skip
+    ours = (
+        parallel_state.get_tensor_model_parallel_world_size(),
+        parallel_state.get_pipeline_model_parallel_world_size(),
+    )
+    theirs = source_layout(common)
+    if sharding == "dp_reshardable" and theirs != ours:
+        raise ConfigError(
+            [f"{FIELD}.load: 'full' cannot change tensor/pipeline parallelism: {path} saved its "
+             f"optimizer state dp_reshardable at tensor={theirs[0]}, pipeline={theirs[1]}, this "
+             f"job has tensor={ours[0]}, pipeline={ours[1]}. Use load: weights, or the source's "
+             "layout (or a source saved with fully_reshardable)"]
         )  # fmt: skip
 
 
