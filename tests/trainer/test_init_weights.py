@@ -27,7 +27,7 @@ SEQ = 128  # gpt-tiny's seqLength
 def trained_tp2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The checkpoint directory of 2 training steps of gpt-tiny at TP=2 (saved at 1 and 2)."""
     workdir = tmp_path_factory.mktemp("tp2")
-    cfg = tiny_config(workdir / "ckpt", tp=2, trainIters=2, save_interval=1)
+    cfg = tiny_config(workdir / "ckpt", tp=2, trainIters=2, warmupIters=1, save_interval=1)
     cfg["checkpoint"]["keep"] = 0
     run = run_trainer(cfg, workdir)
     assert run.returncode == 0, run.output[-5000:]
