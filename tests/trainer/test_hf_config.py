@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +120,9 @@ def test_missing_or_broken_config_is_a_problem_not_a_traceback(tmp_path: Path) -
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     [incomplete] = check_hf_config(our_model(), tmp_path)
     assert "missing or malformed field" in incomplete
+
+
+def test_the_check_does_not_import_torch() -> None:
+    # The launcher validates before any rank imports torch (seconds); the check must stay pure.
+    code = "import sys, megatron_trainer.hf; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -1,5 +1,7 @@
 """Hugging Face Llama-family weights in and out of Megatron-Core GPTModel chunks.
 
+`check_hf_config` is pure (no torch import), so the launcher can run it before any rank starts.
+
 One table (`hf_names`) says which Hugging Face tensor each of our parameters comes from; import
 (`load_hf_into_model`) and export (export.py) both use it, so they cannot drift apart.
 
@@ -24,11 +26,12 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .config import ConfigError, ModelConfig
+
+if TYPE_CHECKING:
+    import torch
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -320,6 +323,8 @@ def read_local(
     source: Source, hf: SafetensorsDir, model: ModelConfig, shard: Shard
 ) -> torch.Tensor:
     """This TP rank's piece of our parameter, built from the Hugging Face tensors it needs."""
+    import torch
+
     if source.kind == "norm":
         return hf.read(source.names[0])
     if source.kind == "vocab":
@@ -345,6 +350,8 @@ def read_local(
 def _local_qkv(
     source: Source, hf: SafetensorsDir, model: ModelConfig, shard: Shard
 ) -> torch.Tensor:
+    import torch
+
     groups = model.num_query_groups
     if groups % shard.size:
         raise ConfigError(
@@ -404,6 +411,7 @@ def load_hf_into_model(model_chunks: list[Any], hf_dir: str | Path, config: Mode
     Check the config first with `check_hf_config`. Returns the number of parameters filled;
     raises ConfigError (exit 78) for a missing tensor or a shape that does not fit.
     """
+    import torch
     from megatron.core import parallel_state
 
     shard = Shard(
