@@ -78,7 +78,7 @@ def test_export_picks_iterations_and_shards(trained_tp2: Path, tmp_path: Path) -
     assert all(torch.equal(single[k], split[k]) for k in single)
     # Without --iteration the tracker's newest (2), one training step later: other weights.
     newest = tmp_path / "newest"
-    export_hf(trained_tp2, newest)
+    assert main(["--hf", str(trained_tp2), "--output", str(newest)]) == 0
     later = read_safetensors(newest)
     assert not torch.equal(later["model.layers.0.self_attn.q_proj.weight"],
                            single["model.layers.0.self_attn.q_proj.weight"])  # fmt: skip
