@@ -80,7 +80,7 @@ def resolved_config(args: argparse.Namespace, ckpt: Path, smoke: bool) -> dict[s
         "data": {"mock": True, "blend": None, "tokenizer": None, "split": "100,0,0",
                  "numWorkers": 2},
         "checkpoint": {"dir": str(ckpt), "saveInterval": args.save_interval, "async": True,
-                       "keep": 2, "shardingType": "dp_reshardable", "load": False},
+                       "keep": 2, "shardingType": "dp_reshardable", "load": False, "init": None},
         "resources": {"accelerator": "none" if smoke else "nvidia.com/gpu", "nodes": 1,
                       "procsPerNode": 1},
         "progress": {"annotation": "megatron.dev/progress", "minIntervalSeconds": 10},

@@ -14,3 +14,4 @@ TOKEN_DISPATCHERS: Final = ("alltoall", "allgather")
 SHARDING_TYPES: Final = ("dp_reshardable", "fully_reshardable")
 CPU: Final = "none"  # resources.accelerator for CPU training (gloo)
 ACCELERATORS: Final = ("nvidia.com/gpu", CPU)
+INIT_LOADS: Final = ("weights", "full")  # checkpoint.init.megatron.load

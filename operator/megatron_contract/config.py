@@ -26,6 +26,7 @@ from megatron_contract.choices import (
     ACCELERATORS,
     ACTIVATIONS,
     CPU,
+    INIT_LOADS,
     LR_DECAY_STYLES,
     NORMALIZATIONS,
     POSITION_EMBEDDINGS,
@@ -174,6 +175,29 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class MegatronInit:
+    """Start from a Megatron-LM / NeMo torch_dist checkpoint: its weights, or everything."""
+
+    path: str
+    load: Annotated[str, Meta(choices=INIT_LOADS)]
+
+
+@dataclass(frozen=True)
+class HuggingFaceInit:
+    """Start from a Hugging Face Llama-family directory (config.json + safetensors)."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class InitConfig:
+    """Where the first run starts from; every restart resumes from the job's own checkpoint."""
+
+    megatron: MegatronInit | None
+    hugging_face: HuggingFaceInit | None
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     dir: str
     save_interval: int
@@ -181,6 +205,7 @@ class CheckpointConfig:
     keep: Annotated[int, Meta(minimum=0)]  # newest checkpoints kept; 0 keeps all
     sharding_type: Annotated[str, Meta(choices=SHARDING_TYPES)]
     load: bool
+    init: InitConfig | None
 
 
 @dataclass(frozen=True)
@@ -425,6 +450,17 @@ def _check_values(cfg: TrainerConfig, problems: list[str]) -> None:
             f"data.split: expected three comma-separated numbers like '100,0,0', got "
             f"{cfg.data.split!r}"
         )
+    init = cfg.checkpoint.init
+    if init is not None and (init.megatron is None) == (init.hugging_face is None):
+        problems.append("checkpoint.init: set exactly one of megatron or huggingFace")
+    for where, source in (
+        ("megatron", init and init.megatron),
+        ("huggingFace", init and init.hugging_face),
+    ):
+        if source and not os.path.isabs(source.path):
+            problems.append(
+                f"checkpoint.init.{where}.path: must be an absolute path, got {source.path!r}"
+            )
     for i, entry in enumerate(cfg.data.blend or ()):
         if entry.weight <= 0.0:
             problems.append(f"data.blend[{i}].weight: must be > 0, got {entry.weight}")

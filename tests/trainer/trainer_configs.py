@@ -30,7 +30,7 @@ GPT_TINY: dict[str, Any] = {
                  "recompute": "none", "logInterval": 1},
     "data": {"mock": True, "blend": None, "tokenizer": None, "split": "100,0,0", "numWorkers": 0},
     "checkpoint": {"dir": "/tmp/unset", "saveInterval": 5, "async": False, "keep": 3,
-                   "shardingType": "dp_reshardable", "load": True},
+                   "shardingType": "dp_reshardable", "load": True, "init": None},
     "resources": {"accelerator": "none", "nodes": 1, "procsPerNode": 1},
     "progress": {"annotation": "megatron.dev/progress", "minIntervalSeconds": 10},
     "profiling": None,

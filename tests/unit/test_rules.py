@@ -380,6 +380,18 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         True,
     ),
     (
+        "one source of initial weights",
+        "spec.checkpoint.init",
+        {"checkpoint.init": {"huggingFace": {"path": "/models/llama"}}},
+        {
+            "checkpoint.init": {
+                "huggingFace": {"path": "/models/llama"},
+                "megatron": {"path": "/ckpt/run"},
+            }
+        },
+        True,
+    ),
+    (
         "backoff cap at least the backoff",
         "spec.restartPolicy.maxBackoffSeconds",
         {"restartPolicy": {"backoffSeconds": 10, "maxBackoffSeconds": 10}},

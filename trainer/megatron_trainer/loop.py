@@ -23,8 +23,9 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from megatron_contract.config import TrainerConfig
+from megatron_contract.config import InitConfig, TrainerConfig
 from megatron_contract.env import RuntimeEnv
+from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
 
 from .checkpoint import Checkpointer
@@ -171,7 +172,9 @@ class Trainer:
         self.iteration = 0
         consumed = 0
         resume = self.checkpointer.find_resume_point()
-        if resume is None:
+        if resume is None and cfg.checkpoint.init is not None:
+            consumed = self._start_from(cfg.checkpoint.init)
+        elif resume is None:
             self._log_rank0(
                 "RESUME: no complete checkpoint in %s: starting from scratch", cfg.checkpoint.dir
             )
@@ -237,6 +240,37 @@ class Trainer:
             params_dtype=self.tconfig.params_dtype,
             use_distributed_optimizer=True,
         )
+
+    def _start_from(self, init: InitConfig) -> int:
+        """The first run starts from existing weights (checkpoint.init); returns the samples
+        already consumed. Restarts never come here: they resume from the job's own checkpoint."""
+        from .hf import check_hf_config, load_hf_into_model
+        from .init_weights import load_megatron_weights
+
+        if init.hugging_face is not None:
+            path = init.hugging_face.path
+            problems = check_hf_config(self.cfg.model, path)
+            if problems:
+                raise ConfigError(problems)
+            filled = load_hf_into_model(self.model, path, self.cfg.model)
+            self._log_rank0("INIT: %d tensors from the Hugging Face model %s", filled, path)
+            self.optimizer.reload_model_params()  # the optimizer's fp32 copies of the weights
+            return 0
+        assert init.megatron is not None
+        m = init.megatron
+        if m.load == "weights":
+            point = load_megatron_weights(self.model, m.path)
+            self.optimizer.reload_model_params()
+            self._log_rank0("INIT: weights of %s (iteration %s)", point.path, point.iteration)
+            return 0
+        point = load_megatron_weights(
+            self.model, m.path, "full", optimizer=self.optimizer, scheduler=self.scheduler
+        )
+        self.iteration = point.iteration or 0
+        self._log_rank0(
+            "INIT: everything of %s: continuing at iteration %d", point.path, self.iteration + 1
+        )
+        return point.consumed_samples or 0
 
     def _log_rank0(self, msg: str, *args: Any) -> None:
         if self.rank == 0:

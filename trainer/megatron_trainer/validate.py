@@ -60,6 +60,16 @@ def _path_problems(config: TrainerConfig) -> list[str]:
                     f"data.blend[{i}].prefix: {entry.prefix + suffix} does not exist; run "
                     "`mjob preprocess` to create it, or fix the prefix (without .bin/.idx)"
                 )
+    init = config.checkpoint.init
+    if init is not None and init.hugging_face is not None:
+        from .hf import check_hf_config  # pure: reads config.json, no torch
+
+        problems += check_hf_config(config.model, init.hugging_face.path)
+    if init is not None and init.megatron is not None and not os.path.isdir(init.megatron.path):
+        problems.append(
+            f"checkpoint.init.megatron.path: {init.megatron.path} is not a directory; mount the "
+            "checkpoint to start from on a volume of the job"
+        )
     if d.tokenizer_path is not None and not (Path(d.tokenizer_path) / "tokenizer.json").is_file():
         problems.append(
             f"data.tokenizer.path: {d.tokenizer_path}/tokenizer.json does not exist; point it at "

@@ -332,6 +332,12 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".checkpoint.volume.create.accessModes",
     ),
     rule(
+        f"!has({S}.checkpoint.init) || "
+        f"has({S}.checkpoint.init.megatron) != has({S}.checkpoint.init.huggingFace)",
+        "set exactly one of checkpoint.init.megatron or checkpoint.init.huggingFace",
+        ".checkpoint.init",
+    ),
+    rule(
         f"{S}.restartPolicy.maxBackoffSeconds >= {S}.restartPolicy.backoffSeconds",
         "maxBackoffSeconds is below backoffSeconds",
         ".restartPolicy.maxBackoffSeconds",
@@ -398,7 +404,12 @@ NODE_RULES: Final[dict[str, list[dict[str, str]]]] = {
                 "the path must not have a '.' or '..' segment: give it without them",
             )
         ]
-        for path in ("spec.data.blend[].prefix", "spec.data.tokenizer.path")
+        for path in (
+            "spec.data.blend[].prefix",
+            "spec.data.tokenizer.path",
+            "spec.checkpoint.init.megatron.path",
+            "spec.checkpoint.init.huggingFace.path",
+        )
     },
     "spec.env[]": [
         rule(

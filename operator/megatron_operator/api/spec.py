@@ -401,6 +401,49 @@ _SEGMENT = r"([A-Za-z0-9_-][A-Za-z0-9._-]*|[.][A-Za-z0-9_-][A-Za-z0-9._-]*|[.][.
 CHECKPOINT_PATH_PATTERN = f"^{_SEGMENT}(/{_SEGMENT})*$"
 
 
+InitLoad = Annotated[str, one_of(choices.INIT_LOADS), enum_schema(choices.INIT_LOADS)]
+
+
+class MegatronInitSpec(ApiModel):
+    """A Megatron-LM or NeMo torch_dist checkpoint to start from."""
+
+    path: SafePath = Field(
+        min_length=1,
+        max_length=4096,
+        pattern=r"^/",
+        description="Absolute path in the pod of the checkpoint directory (the one holding "
+        "latest_checkpointed_iteration.txt) or of one iter_* directory.",
+    )
+    load: InitLoad = Field(
+        "weights",
+        description="weights: the model only, starting at iteration 0; full: also the optimizer, "
+        "the scheduler and the iteration (needs a layout the optimizer state can reshard to).",
+    )
+
+
+class HuggingFaceInitSpec(ApiModel):
+    """A Hugging Face Llama-family model directory to start from (no hub access)."""
+
+    path: SafePath = Field(
+        min_length=1,
+        max_length=4096,
+        pattern=r"^/",
+        description="Absolute path in the pod of a directory with config.json and safetensors; "
+        "spec.model must describe the same architecture (checked at start, exit 78 otherwise).",
+    )
+
+
+class InitSpec(ApiModel):
+    """Where the first run starts from; every restart resumes from the job's own checkpoint."""
+
+    megatron: MegatronInitSpec | None = Field(
+        None, description="Start from a Megatron-LM / NeMo torch_dist checkpoint."
+    )
+    hugging_face: HuggingFaceInitSpec | None = Field(
+        None, description="Start from Hugging Face weights (converted at any TP/PP on load)."
+    )
+
+
 class CheckpointSpec(ApiModel):
     """torch_dist checkpoints in the Megatron-LM layout; the trainer resumes from the newest."""
 
@@ -429,6 +472,9 @@ class CheckpointSpec(ApiModel):
         300,
         le=MAX_DURATION_SECONDS,
         description="Pod termination grace period: time to save a checkpoint on SIGTERM.",
+    )
+    init: InitSpec | None = Field(
+        None, description="Start the first run from existing weights (exactly one source)."
     )
 
 

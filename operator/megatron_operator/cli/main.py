@@ -44,10 +44,11 @@ def _print_spec_error(source: str, exc: SpecError) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["preprocess"]:
+    command = preprocess.PASSTHROUGH.get(argv[0]) if argv else None
+    if command is not None:
         # Everything after the word belongs to the trainer's own parser (--help included):
         # argparse's REMAINDER cannot pass on leading options.
-        return _guard(lambda: preprocess.cmd_preprocess(argparse.Namespace(rest=argv[1:])), None)
+        return _guard(lambda: command(argparse.Namespace(rest=argv[1:])), None)
     parser = build_parser()
     args = parser.parse_args(argv)
     return _guard(lambda: int(args.func(args)), getattr(args, "file", None))

@@ -245,6 +245,9 @@ def _spec_rules(spec: MegatronJobSpec, dp: int | None) -> Iterator[FieldError]:
     for i, rule in enumerate(s.restart_policy.rules):
         if rule.exit_codes is None and rule.reasons is None:
             yield _e(f"restartPolicy.rules[{i}]", "a rule needs exitCodes, reasons or both")
+    init = s.checkpoint.init
+    if init is not None and (init.megatron is None) == (init.hugging_face is None):
+        yield _e("checkpoint.init", "set exactly one of checkpoint.init.megatron or huggingFace")
     rp = s.restart_policy
     if rp.max_backoff_seconds < rp.backoff_seconds:
         yield _e(

@@ -10,7 +10,10 @@ from __future__ import annotations
 from megatron_contract import paths
 from megatron_contract.config import (
     CheckpointConfig,
+    HuggingFaceInit,
+    InitConfig,
     JobInfo,
+    MegatronInit,
     ProgressConfig,
     TrainerConfig,
 )
@@ -20,6 +23,17 @@ from megatron_operator.core.planner import Plan
 
 def checkpoint_dir(job: MegatronJob) -> str:
     return paths.checkpoint_dir(job.spec.checkpoint.path or job.name)
+
+
+def _init(job: MegatronJob) -> InitConfig | None:
+    init = job.spec.checkpoint.init
+    if init is None:
+        return None
+    m, hf = init.megatron, init.hugging_face
+    return InitConfig(
+        megatron=MegatronInit(m.path, m.load) if m else None,
+        hugging_face=HuggingFaceInit(hf.path) if hf else None,
+    )
 
 
 def trainer_config(job: MegatronJob, plan: Plan) -> TrainerConfig:
@@ -37,6 +51,7 @@ def trainer_config(job: MegatronJob, plan: Plan) -> TrainerConfig:
             keep=c.keep,
             sharding_type=c.sharding_type,
             load=True,
+            init=_init(job),
         ),
         resources=plan.resources,
         progress=ProgressConfig(paths.PROGRESS_ANNOTATION, paths.PROGRESS_MIN_INTERVAL_SECONDS),
