@@ -5,6 +5,8 @@ the real trainer (`loop.Trainer`: process groups, model, optimizer, checkpointer
 in MEGATRON_CONFIG and runs the steps in STEPS.json against it, in order:
 
     {"op": "import_hf", "dir": D}              hf.load_hf_into_model, then reload the optimizer
+                                               (with "reads_out": R, each rank records to
+                                               R/rank<N>.json what it read)
     {"op": "load_megatron", "path": P}         init_weights.load_megatron_weights (weights)
     {"op": "load_full", "path": P, "error_out": F}  load: full, then continue from its position;
                                                a ConfigError's message goes to F
@@ -145,6 +147,22 @@ def _logits(trainer: Any, out: str) -> None:
         torch.save(torch.cat(pieces, dim=-1)[..., : cfg.model.vocab_size], out)
 
 
+def _record_reads() -> list[tuple[str, int]]:
+    """From now on, record every tensor piece hf.py reads: (name, elements)."""
+    from megatron_trainer.hf import SafetensorsDir
+
+    reads: list[tuple[str, int]] = []
+    original = SafetensorsDir.read
+
+    def read(self: Any, name: str, *args: Any, **kwargs: Any) -> torch.Tensor:
+        tensor = original(self, name, *args, **kwargs)
+        reads.append((name, tensor.numel()))
+        return tensor
+
+    SafetensorsDir.read = read  # type: ignore[method-assign]
+    return reads
+
+
 def _run(steps: list[dict[str, Any]]) -> int:
     from megatron_contract.config import load_config
     from megatron_contract.env import runtime_env
@@ -167,7 +185,12 @@ def _run(steps: list[dict[str, Any]]) -> int:
     for step in steps:
         op = step["op"]
         if op == "import_hf":
+            reads = _record_reads()
             load_hf_into_model(trainer.model, step["dir"], cfg.model)
+            if "reads_out" in step:
+                out = Path(step["reads_out"]) / f"rank{trainer.rank}.json"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(reads))
             trainer.optimizer.reload_model_params()
         elif op == "load_megatron":
             load_megatron_weights(trainer.model, step["path"], step.get("load", "weights"))

@@ -99,6 +99,31 @@ def hf_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     return get
 
 
+def check_reads(reads_dir: Path, layout: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Each rank read only its share: a pipeline stage its own layers, a TP rank half of each
+    split tensor (norms are whole on every rank)."""
+    reads = {
+        int(f.stem.removeprefix("rank")): json.loads(f.read_text())
+        for f in reads_dir.glob("rank*.json")
+    }
+    assert len(reads) == {"tp1": 1}.get(layout, 2)
+    total = sum(t.numel() for t in tensors.values())
+    if layout == "tp1":
+        [(name_counts)] = reads.values()
+        assert sum(n for _, n in name_counts) == total
+    elif layout == "tp2":
+        for name_counts in reads.values():
+            assert sum(n for _, n in name_counts) < 0.55 * total
+    else:  # PP=2: stage 0 has the embedding, stage 1 the head, each its own layers
+        # (interleaved with VPP=2: chunks of one layer, stage 0 holding layers 0 and 2)
+        own = [{0, 2}, {1, 3}] if layout == "pp2-vpp2" else [{0, 1}, {2, 3}]
+        for rank, name_counts in reads.items():
+            layers = {int(n.split(".")[2]) for n, _ in name_counts if n.startswith("model.layers.")}
+            assert layers == own[rank], (rank, layers)
+            assert ("model.embed_tokens.weight" in dict(name_counts)) == (rank == 0)
+            assert ("lm_head.weight" in dict(name_counts)) == (rank == 1)
+
+
 @pytest.mark.parametrize(("layout", "variant"), CASES, ids=["-".join(case) for case in CASES])
 def test_import_matches_hf_and_round_trips(
     layout: str, variant: str, hf_model: Callable[[str], Path], tmp_path: Path
@@ -112,7 +137,7 @@ def test_import_matches_hf_and_round_trips(
     run_ranks(
         cfg,
         [
-            {"op": "import_hf", "dir": str(source)},
+            {"op": "import_hf", "dir": str(source), "reads_out": str(tmp_path / "reads")},
             {"op": "logits", "out": str(logits_file)},
             {"op": "save", "iteration": 1},
         ],
@@ -122,6 +147,8 @@ def test_import_matches_hf_and_round_trips(
     assert ours.shape == theirs.shape == (2, SEQ, 250)
     assert theirs.abs().max() > 1.0  # logits big enough that a wrong weight would show
     assert (ours - theirs).abs().max().item() <= 1e-4
+
+    check_reads(tmp_path / "reads", layout, read_safetensors(source))
 
     exported = tmp_path / "exported"
     export_hf(tmp_path / "ckpt", exported)
