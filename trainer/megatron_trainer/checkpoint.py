@@ -40,6 +40,7 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (
 from . import optim_compat
 from .choices import save_sharding_type
 from .config import CheckpointConfig, ConfigError, TrainerConfig
+from .flops import flops_per_step
 from .interchange import (
     CHECKPOINT_VERSION,
     capture_rng,
@@ -387,6 +388,10 @@ class Checkpointer:
         )
         state["iteration"] = iteration
         state["checkpoint_version"] = CHECKPOINT_VERSION
+        # Megatron-LM's running FLOP count (it reads it with a default of 0).
+        state["num_floating_point_operations_so_far"] = iteration * flops_per_step(
+            self.cfg.model, self.cfg.training.global_batch_size
+        )
         state["args"] = megatron_lm_args(
             self.cfg,
             iteration=iteration,
