@@ -90,6 +90,10 @@ def test_args_hold_what_use_checkpoint_args_copies(pp2_run: tuple[Path, Run]) ->
     assert (args.num_query_groups, args.kv_channels, args.swiglu) == (2, 32, True)
     assert (args.ckpt_format, args.use_distributed_optimizer) == ("torch_dist", True)
     assert args.untie_embeddings_and_output_weights is True
+    flops = common(iteration_dir(pp2_run[0] / "ckpt", ITERS))[
+        "num_floating_point_operations_so_far"
+    ]
+    assert isinstance(flops, float) and flops > 0
 
 
 # -- item 8: each pipeline stage has its own seed ---------------------------------------------

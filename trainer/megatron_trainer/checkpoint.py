@@ -42,6 +42,7 @@ from megatron_contract.errors import ConfigError
 
 from . import optim_compat
 from .decisions import save_sharding_type
+from .flops import flops_per_step
 from .interchange import (
     CHECKPOINT_VERSION,
     capture_rng,
@@ -389,6 +390,10 @@ class Checkpointer:
         )
         state["iteration"] = iteration
         state["checkpoint_version"] = CHECKPOINT_VERSION
+        # Megatron-LM's running FLOP count (it reads it with a default of 0).
+        state["num_floating_point_operations_so_far"] = iteration * flops_per_step(
+            self.cfg.model, self.cfg.training.global_batch_size
+        )
         state["args"] = megatron_lm_args(
             self.cfg,
             iteration=iteration,
