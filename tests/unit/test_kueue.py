@@ -570,19 +570,35 @@ R = PodsReadyReason
     [
         (False, None, R.WAIT_FOR_START),
         (True, None, R.STARTED),
-        (False, R.WAIT_FOR_START, R.WAIT_FOR_START),
-        (True, R.WAIT_FOR_START, R.STARTED),
-        (True, R.STARTED, R.STARTED),
-        (False, R.STARTED, R.WAIT_FOR_RECOVERY),
-        (False, R.WAIT_FOR_RECOVERY, R.WAIT_FOR_RECOVERY),
-        (True, R.WAIT_FOR_RECOVERY, R.RECOVERED),
-        (True, R.RECOVERED, R.RECOVERED),
-        (False, R.RECOVERED, R.WAIT_FOR_RECOVERY),
+        (False, ("False", R.WAIT_FOR_START), R.WAIT_FOR_START),
+        (True, ("False", R.WAIT_FOR_START), R.STARTED),
+        (True, ("True", R.STARTED), R.STARTED),
+        (False, ("True", R.STARTED), R.WAIT_FOR_RECOVERY),
+        (False, ("False", R.WAIT_FOR_RECOVERY), R.WAIT_FOR_RECOVERY),
+        (True, ("False", R.WAIT_FOR_RECOVERY), R.RECOVERED),
+        (True, ("True", R.RECOVERED), R.RECOVERED),
+        (False, ("True", R.RECOVERED), R.WAIT_FOR_RECOVERY),
     ],
 )
-def test_pods_ready_reason(all_ready: bool, before: R | None, want: R) -> None:
-    previous = {"reason": str(before)} if before else None
+def test_pods_ready_reason(all_ready: bool, before: tuple[str, R] | None, want: R) -> None:
+    previous = {"status": before[0], "reason": str(before[1])} if before else None
     assert kueue.pods_ready_reason(all_ready, previous) is want
+
+
+@pytest.mark.parametrize("before", [None, ("True", R.STARTED), ("False", R.WAIT_FOR_RECOVERY)])
+@pytest.mark.parametrize("all_ready", [True, False])
+def test_pods_ready_is_wait_for_start_while_not_admitted(
+    all_ready: bool, before: tuple[str, R] | None
+) -> None:
+    """Evicted and waiting, or re-admitted but not yet marked: Kueue's job controller says
+    WaitForStart, so the next start counts from zero."""
+    previous = {"status": before[0], "reason": str(before[1])} if before else None
+    assert kueue.pods_ready_reason(all_ready, previous, admitted=False) is R.WAIT_FOR_START
+    raw = workload(cond("QuotaReserved", "False", "Pending"))
+    if before:
+        raw["status"]["conditions"].append(cond("PodsReady", before[0], str(before[1])))
+    got = kueue.pods_ready_condition(raw, all_ready, NOW)
+    assert (got["status"], got["reason"]) == ("False", "WaitForStart")
 
 
 def test_pods_ready_condition_keeps_its_transition_time_while_unchanged() -> None:

@@ -455,36 +455,42 @@ def condition(
     return cond
 
 
-def pods_ready_reason(all_ready: bool, previous: Mapping[str, Any] | None) -> PodsReadyReason:
-    """PodsReady as Kueue's job controller reports it: WaitForStart until every pod is Ready for
-    the first time, Started then; after a failure WaitForRecovery until all are Ready again, then
-    Recovered."""
+def pods_ready_reason(
+    all_ready: bool, previous: Mapping[str, Any] | None, admitted: bool = True
+) -> PodsReadyReason:
+    """PodsReady as Kueue's own job controller decides it (jobframework, v0.19): WaitForStart
+    until every pod is Ready for the first time since admission, then Started; after a failure
+    WaitForRecovery until all are Ready again, then Recovered. Not admitted (before admission or
+    after an eviction) is always WaitForStart, so a re-admitted job starts over."""
+    if not admitted:
+        return PodsReadyReason.WAIT_FOR_START
     before = str(previous.get("reason", "")) if previous else ""
-    was_up = before in (PodsReadyReason.STARTED, PodsReadyReason.RECOVERED)
-    recovering = before == PodsReadyReason.WAIT_FOR_RECOVERY
+    recovering = before in (PodsReadyReason.WAIT_FOR_RECOVERY, PodsReadyReason.RECOVERED)
     if all_ready:
-        if recovering:
-            return PodsReadyReason.RECOVERED
-        return PodsReadyReason(before) if was_up else PodsReadyReason.STARTED
-    return (
-        PodsReadyReason.WAIT_FOR_RECOVERY
-        if was_up or recovering
-        else PodsReadyReason.WAIT_FOR_START
-    )
+        return PodsReadyReason.RECOVERED if recovering else PodsReadyReason.STARTED
+    was_ready = previous is not None and previous.get("status") == "True"
+    if was_ready or before == PodsReadyReason.WAIT_FOR_RECOVERY:
+        return PodsReadyReason.WAIT_FOR_RECOVERY
+    return PodsReadyReason.WAIT_FOR_START
 
 
+_READY_MESSAGE: Final = "All pods reached readiness and the workload is running"
+# Kueue's own messages, so `kubectl get workload -o yaml` reads the same for every integration.
 _PODS_READY_MESSAGE: Final = {
     PodsReadyReason.WAIT_FOR_START: "Not all pods are ready or succeeded",
-    PodsReadyReason.STARTED: "All pods reached readiness and the workload is running",
+    PodsReadyReason.STARTED: _READY_MESSAGE,
     PodsReadyReason.WAIT_FOR_RECOVERY: "At least one pod has failed, waiting for recovery",
-    PodsReadyReason.RECOVERED: "All pods are ready again after a gang restart",
+    PodsReadyReason.RECOVERED: _READY_MESSAGE,
 }
 
 
 def pods_ready_condition(raw: Mapping[str, Any], all_ready: bool, now: datetime) -> Obj:
-    """The PodsReady condition to apply, given whether every pod of the attempt is Ready."""
+    """The PodsReady condition to apply, given whether every pod of the current attempt is
+    Ready. Report it whenever it changes: with waitForPodsReady (on by default since Kueue
+    0.19) a Workload that never reports Started is evicted with PodsReadyTimeout."""
     previous = find_condition(raw, ConditionType.PODS_READY)
-    reason = pods_ready_reason(all_ready, previous)
+    admitted = _true(raw, ConditionType.ADMITTED)
+    reason = pods_ready_reason(all_ready, previous, admitted)
     ready = reason in (PodsReadyReason.STARTED, PodsReadyReason.RECOVERED)
     return condition(
         ConditionType.PODS_READY,
