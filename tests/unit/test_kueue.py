@@ -696,3 +696,51 @@ def test_eviction_reset_refuses_a_workload_that_is_not_evicted() -> None:
     del raw["metadata"]["resourceVersion"]
     with pytest.raises(KueueError, match="resourceVersion"):
         kueue.eviction_reset_patch(raw, NOW)
+
+
+def test_a_current_workload_is_not_outdated() -> None:
+    job = queued_job({"topology": {"mode": "required", "key": "rack"}})
+    wl = kueue.render_workload(job, plan(job.spec))
+    stored = copy.deepcopy(wl)
+    # What the API server adds to the stored object must not count as a change.
+    stored["spec"]["active"] = True
+    stored["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["ports"][0]["protocol"] = (
+        "TCP"
+    )
+    stored["status"] = {"conditions": [RESERVED]}
+    assert kueue.workload_outdated(stored, wl) == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "labels", "want"),
+    [
+        ({"resources.nodes": 4, "training.globalBatchSize": 128}, {}, ["podSets[trainer].count"]),
+        ({"resources.procsPerNode": 4}, {}, ["podSets[trainer].containers"]),
+        ({"resources.requests": {"cpu": "4"}}, {}, ["podSets[trainer].containers"]),
+        (
+            {"resources.nodeSelector": {"pool": "a"}},
+            {},
+            ["podSets[trainer].nodeSelector"],
+        ),
+        (
+            {"topology": {"mode": "preferred", "key": "rack"}},
+            {},
+            ["podSets[trainer].topologyRequest", "podSets[trainer].affinity"],
+        ),
+        ({}, {kueue.LABEL_QUEUE_NAME: "other"}, ["queueName"]),
+        (
+            {},
+            {kueue.LABEL_PRIORITY_CLASS: "urgent"},
+            ["priorityClassRef", "priority"],
+        ),
+    ],
+    ids=["nodes", "gpus", "cpu", "node-selector", "topology", "queue", "priority"],
+)
+def test_outdated_workload_names_what_changed(
+    changes: dict[str, Any], labels: dict[str, str], want: list[str]
+) -> None:
+    base = queued_job({"topology": {"mode": "required", "key": "rack"}})
+    old = kueue.render_workload(base, plan(base.spec))
+    changed = queued_job({"topology": {"mode": "required", "key": "rack"}, **changes}, labels)
+    new = kueue.render_workload(changed, plan(changed.spec), priority=5)
+    assert kueue.workload_outdated(old, new) == want

@@ -214,6 +214,51 @@ def render_workload(job: MegatronJob, plan: Plan, priority: int | None = None) -
     }
 
 
+def _quota_view(podset: Mapping[str, Any]) -> Obj:
+    """What Kueue's quota and flavor choice depend on, from one podSet. The API server adds
+    schema defaults to the stored template (a port's protocol, ...), so templates are compared
+    by these fields, not whole."""
+    template = (podset.get("template") or {}).get("spec") or {}
+
+    def resources(key: str) -> list[Obj]:
+        return [
+            {"name": c.get("name"), "resources": c.get("resources") or {}}
+            for c in template.get(key) or []
+        ]
+
+    return {
+        "count": podset.get("count"),
+        "minCount": podset.get("minCount"),
+        "topologyRequest": podset.get("topologyRequest"),
+        "containers": resources("containers"),
+        "initContainers": resources("initContainers"),
+        "nodeSelector": template.get("nodeSelector") or {},
+        "tolerations": template.get("tolerations") or [],
+        "affinity": template.get("affinity") or {},
+        "priorityClassName": template.get("priorityClassName"),
+    }
+
+
+def workload_outdated(raw: Mapping[str, Any], desired: Mapping[str, Any]) -> list[str]:
+    """The fields in which an existing Workload differs from the one `render_workload` gives
+    now (empty: it is current). podSets are immutable, so an outdated Workload is replaced (only
+    while no pod runs), as Kueue's own integrations do when a suspended job changes."""
+    have, want = raw.get("spec") or {}, desired.get("spec") or {}
+    diffs = [
+        key
+        for key in ("queueName", "priorityClassRef", "priority")
+        if have.get(key) != want.get(key)
+    ]
+    have_sets = {str(ps.get("name")): ps for ps in have.get("podSets") or []}
+    want_sets = {str(ps.get("name")): ps for ps in want.get("podSets") or []}
+    if set(have_sets) != set(want_sets):
+        return [*diffs, "podSets"]
+    for name, ps in want_sets.items():
+        have_view, want_view = _quota_view(have_sets[name]), _quota_view(ps)
+        diffs += [f"podSets[{name}].{key}" for key in want_view if have_view[key] != want_view[key]]
+    return diffs
+
+
 # -- reading a Workload -----------------------------------------------------------------------
 
 
