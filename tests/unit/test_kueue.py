@@ -744,3 +744,73 @@ def test_outdated_workload_names_what_changed(
     changed = queued_job({"topology": {"mode": "required", "key": "rack"}, **changes}, labels)
     new = kueue.render_workload(changed, plan(changed.spec), priority=5)
     assert kueue.workload_outdated(old, new) == want
+
+
+@pytest.mark.parametrize(
+    ("assignment", "want"),
+    [
+        (
+            # Kueue's own example 1: 4 pods in rack-1, 2 in rack-2 (both in block-1).
+            {
+                "levels": ["block", "rack"],
+                "slices": [
+                    {
+                        "domainCount": 2,
+                        "valuesPerLevel": [
+                            {"roots": ["block-1", "block-1"]},
+                            {"roots": ["rack-1", "rack-2"]},
+                        ],
+                        "podCounts": [4, 2],
+                    }
+                ],
+            },
+            [{"block": "block-1", "rack": "rack-1"}] * 4
+            + [{"block": "block-1", "rack": "rack-2"}] * 2,
+        ),
+        (
+            # Example 2: the same, with a universal value and a common prefix.
+            {
+                "levels": ["block", "rack"],
+                "slices": [
+                    {
+                        "domainCount": 2,
+                        "valuesPerLevel": [
+                            {"universalValue": "block-1"},
+                            {"prefix": "rack-", "roots": ["1", "2"]},
+                        ],
+                        "podCounts": [4, 2],
+                    }
+                ],
+            },
+            [{"block": "block-1", "rack": "rack-1"}] * 4
+            + [{"block": "block-1", "rack": "rack-2"}] * 2,
+        ),
+        (
+            # Example 4: one pod a node, two slices, prefixes and suffixes.
+            {
+                "levels": ["kubernetes.io/hostname"],
+                "slices": [
+                    {
+                        "domainCount": 2,
+                        "valuesPerLevel": [{"prefix": "r1-", "roots": ["a", "b"], "suffix": "-x"}],
+                        "universalPodCount": 1,
+                    },
+                    {
+                        "domainCount": 1,
+                        "valuesPerLevel": [{"prefix": "r2-", "roots": ["c"]}],
+                        "universalPodCount": 1,
+                    },
+                ],
+            },
+            [
+                {"kubernetes.io/hostname": "r1-a-x"},
+                {"kubernetes.io/hostname": "r1-b-x"},
+                {"kubernetes.io/hostname": "r2-c"},
+            ],
+        ),
+        ({}, []),
+    ],
+    ids=["roots", "universal-and-prefix", "slices", "empty"],
+)
+def test_topology_slots(assignment: dict[str, Any], want: list[dict[str, str]]) -> None:
+    assert kueue.topology_slots(assignment) == want

@@ -313,6 +313,28 @@ class QueuedState:
         return TasPod(workload=self.name, request=self.topology_requests.get(podset))
 
 
+def topology_slots(assignment: Mapping[str, Any]) -> list[dict[str, str]]:
+    """A topologyAssignment (v1beta2: levels plus compressed slices) expanded to the node labels
+    of each pod slot, in order. With a podIndexLabel Kueue gives the pod of rank r slot r, so this
+    says where each rank goes (e.g. for the status or an event)."""
+    levels = list(assignment.get("levels") or [])
+    slots: list[dict[str, str]] = []
+    for piece in assignment.get("slices") or []:
+        count = int(piece.get("domainCount") or 0)
+        columns = []
+        for level in piece.get("valuesPerLevel") or []:
+            if "universalValue" in level:
+                columns.append([str(level["universalValue"])] * count)
+            else:
+                prefix, suffix = level.get("prefix") or "", level.get("suffix") or ""
+                columns.append([f"{prefix}{root}{suffix}" for root in level.get("roots") or []])
+        pods = piece.get("podCounts") or [piece.get("universalPodCount") or 0] * count
+        for d in range(count):
+            labels = {levels[i]: column[d] for i, column in enumerate(columns)}
+            slots.extend(dict(labels) for _ in range(int(pods[d])))
+    return slots
+
+
 def find_condition(raw: Mapping[str, Any], type_: str) -> Obj | None:
     for cond in (raw.get("status") or {}).get("conditions") or []:
         if cond.get("type") == type_:
