@@ -68,24 +68,22 @@ def _post_yaml(custom: Any, namespace: str, text: str) -> tuple[int, dict[str, A
     --raw`), server-side dry run, with the strict field validation kubectl uses by default.
     Returns the HTTP status and the decoded reply."""
     api = custom.api_client
+    path = f"/apis/megatron.dev/v1alpha1/namespaces/{namespace}/megatronjobs"
     try:
-        reply = api.call_api(
-            f"/apis/megatron.dev/v1alpha1/namespaces/{namespace}/megatronjobs",
+        response = api.call_api(
             "POST",
-            query_params=[("dryRun", "All"), ("fieldValidation", "Strict")],
+            f"{api.configuration.host}{path}?dryRun=All&fieldValidation=Strict",
             header_params={"Content-Type": "application/yaml", "Accept": "application/json"},
-            body=text,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
+            body=text.encode(),
             _request_timeout=60,
         )
+        status, data = response.status, response.read()
     except ApiException as exc:
-        try:
-            return exc.status, dict(json.loads(exc.body))
-        except (TypeError, ValueError):
-            return exc.status, {"message": str(exc.body)}
-    response = reply[0]
-    return response.status, dict(json.loads(response.data))
+        status, data = exc.status, exc.body
+    try:
+        return status, dict(json.loads(data))
+    except (TypeError, ValueError):
+        return status, {"message": str(data)}
 
 
 def _in_namespace(case: Case, namespace: str) -> str:

@@ -33,6 +33,7 @@ from .base import (
     DnsSubdomain,
     EnvName,
     Finite,
+    LabelKey,
     LabelValue,
     NonNegativeInt,
     PositiveInt,
@@ -347,7 +348,7 @@ class ResourcesSpec(ApiModel):
         description="Per-pod limits. A resource named rdma/* adds IPC_LOCK.",
     )
     shm_size: Quantity = Field("16Gi", description="Size of the memory-backed /dev/shm.")
-    node_selector: dict[QualifiedName, LabelValue] = Field(
+    node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=64, description="Node labels every pod must match."
     )
     tolerations: list[Toleration] = Field(
