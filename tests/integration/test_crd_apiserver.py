@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from megatron_operator.api import load_job, parse_yaml
 from megatron_operator.api.base import MAX_NODES
 from tests.unit.adversarial import CASES as ADVERSARIAL
 from tests.unit.adversarial import Case, _file
@@ -124,6 +125,25 @@ def test_lr_written_the_ml_way_is_a_number_to_the_apiserver(
     status, reply = _post_yaml(custom, namespace, body)
     assert status == 201, reply
     assert reply["spec"]["training"]["lr"] == float(text)
+
+
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [
+        *[("lr", t) for t in ("3e-4", "1E-4", ".5e-3", "5.e-4", "+3e-4", "3.0E-04")],
+        *[("seed", t) for t in ("0x10", "017", "0o17", "0b101", "1_000", "+100")],
+    ],
+)
+def test_numbers_read_the_same_by_mjob_and_the_apiserver(
+    custom: Any, namespace: str, field: str, text: str
+) -> None:
+    body = _file({}, namespace=namespace).replace(
+        "  training:\n", f"  training:\n    {field}: {text}\n"
+    )
+    ours = load_job(parse_yaml(body)).spec.training.to_api()[field]
+    status, reply = _post_yaml(custom, namespace, body)
+    assert status == 201, reply
+    assert reply["spec"]["training"][field] == ours
 
 
 def test_bad_name_rejected(custom: Any, namespace: str) -> None:
