@@ -51,8 +51,15 @@ def test_snake_case_is_unknown_too() -> None:
 @pytest.mark.parametrize(
     ("changes", "path", "fragment"),
     [
-        ({"resources.nodes": "two"}, "spec.resources.nodes", "valid integer"),
-        ({"resources.nodes": "2"}, "spec.resources.nodes", "valid integer"),  # strict, like k8s
+        ({"resources.nodes": "two"}, "spec.resources.nodes", "must be an integer"),
+        (
+            {"resources.nodes": "2"},
+            "spec.resources.nodes",
+            "must be an integer",
+        ),  # strict, like k8s
+        ({"resources.nodes": 2.5}, "spec.resources.nodes", "must be an integer"),
+        ({"training.lr": "fast"}, "spec.training.lr", "must be a number"),
+        ({"image": 5}, "spec.image", "quote it"),
         ({"resources.nodes": 0}, "spec.resources.nodes", "at least 1"),
         ({"resources.nodes": -3}, "spec.resources.nodes", "at least 1"),
         ({"parallelism.tensor": 0}, "spec.parallelism.tensor", "at least 1"),
