@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from megatron_operator.api import load_job, parse_yaml
 from megatron_operator.api.base import MAX_NODES
 from tests.unit.adversarial import CASES as ADVERSARIAL
 from tests.unit.adversarial import Case, _file
@@ -68,24 +69,22 @@ def _post_yaml(custom: Any, namespace: str, text: str) -> tuple[int, dict[str, A
     --raw`), server-side dry run, with the strict field validation kubectl uses by default.
     Returns the HTTP status and the decoded reply."""
     api = custom.api_client
+    path = f"/apis/megatron.dev/v1alpha1/namespaces/{namespace}/megatronjobs"
     try:
-        reply = api.call_api(
-            f"/apis/megatron.dev/v1alpha1/namespaces/{namespace}/megatronjobs",
+        response = api.call_api(
             "POST",
-            query_params=[("dryRun", "All"), ("fieldValidation", "Strict")],
+            f"{api.configuration.host}{path}?dryRun=All&fieldValidation=Strict",
             header_params={"Content-Type": "application/yaml", "Accept": "application/json"},
-            body=text,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
+            body=text.encode(),
             _request_timeout=60,
         )
+        status, data = response.status, response.read()
     except ApiException as exc:
-        try:
-            return exc.status, dict(json.loads(exc.body))
-        except (TypeError, ValueError):
-            return exc.status, {"message": str(exc.body)}
-    response = reply[0]
-    return response.status, dict(json.loads(response.data))
+        status, data = exc.status, exc.body
+    try:
+        return status, dict(json.loads(data))
+    except (TypeError, ValueError):
+        return status, {"message": str(data)}
 
 
 def _in_namespace(case: Case, namespace: str) -> str:
@@ -126,6 +125,25 @@ def test_lr_written_the_ml_way_is_a_number_to_the_apiserver(
     status, reply = _post_yaml(custom, namespace, body)
     assert status == 201, reply
     assert reply["spec"]["training"]["lr"] == float(text)
+
+
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [
+        *[("lr", t) for t in ("3e-4", "1E-4", ".5e-3", "5.e-4", "+3e-4", "3.0E-04")],
+        *[("seed", t) for t in ("0x10", "017", "0o17", "0b101", "1_000", "+100")],
+    ],
+)
+def test_numbers_read_the_same_by_mjob_and_the_apiserver(
+    custom: Any, namespace: str, field: str, text: str
+) -> None:
+    body = _file({}, namespace=namespace).replace(
+        "  training:\n", f"  training:\n    {field}: {text}\n"
+    )
+    ours = load_job(parse_yaml(body)).spec.training.to_api()[field]
+    status, reply = _post_yaml(custom, namespace, body)
+    assert status == 201, reply
+    assert reply["spec"]["training"][field] == ours
 
 
 def test_bad_name_rejected(custom: Any, namespace: str) -> None:

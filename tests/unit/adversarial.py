@@ -320,8 +320,8 @@ CASES: list[Case] = [
         "spec.extra",
     ),
     Case(
-        "custom tag",
-        _replace(_BASE, "image: trainer:test", "image: !custom x"),
+        "int tag on text",
+        _replace(_BASE, "image: trainer:test", "image: !!int trainer"),
         "spec.image",
     ),
 ]

@@ -164,3 +164,11 @@ def test_cel_rules_accept_good_keys_and_paths() -> None:
         }
     )
     assert check_spec(spec) == []
+
+
+def test_node_selector_keeps_its_value_schema() -> None:
+    # A pattern on the key type once became patternProperties, which the structural schema
+    # dropped: the apiserver would have pruned every nodeSelector to {}.
+    node = _spec_schema()["properties"]["resources"]["properties"]["nodeSelector"]
+    assert node["additionalProperties"]["maxLength"] == 63
+    assert "patternProperties" not in node

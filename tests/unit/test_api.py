@@ -51,8 +51,15 @@ def test_snake_case_is_unknown_too() -> None:
 @pytest.mark.parametrize(
     ("changes", "path", "fragment"),
     [
-        ({"resources.nodes": "two"}, "spec.resources.nodes", "valid integer"),
-        ({"resources.nodes": "2"}, "spec.resources.nodes", "valid integer"),  # strict, like k8s
+        ({"resources.nodes": "two"}, "spec.resources.nodes", "must be an integer"),
+        (
+            {"resources.nodes": "2"},
+            "spec.resources.nodes",
+            "must be an integer",
+        ),  # strict, like k8s
+        ({"resources.nodes": 2.5}, "spec.resources.nodes", "must be an integer"),
+        ({"training.lr": "fast"}, "spec.training.lr", "must be a number"),
+        ({"image": 5}, "spec.image", "quote it"),
         ({"resources.nodes": 0}, "spec.resources.nodes", "at least 1"),
         ({"resources.nodes": -3}, "spec.resources.nodes", "at least 1"),
         ({"parallelism.tensor": 0}, "spec.parallelism.tensor", "at least 1"),
@@ -151,6 +158,7 @@ def test_bad_overrides(item: str) -> None:
         ("!!str 12", "12"),
         ("!!float 1", 1.0),
         ("!!binary aGk=", "hi"),  # go-yaml decodes base64 to a string
+        ("!custom 12", "12"),  # and keeps the text of an application tag
         ("9223372036854775807", 2**63 - 1),
     ],
 )
@@ -213,7 +221,7 @@ def test_recursive_alias_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["a: !!timestamp 2024-01-01\n", "a: !custom x\n", "a: !!set {x}\n"]
+    "text", ["a: !!timestamp 2024-01-01\n", "a: !!set {x}\n", "a: !!omap [x: 1]\n"]
 )
 def test_other_tags_are_refused(text: str) -> None:
     _, message = _yaml_error(text)
@@ -253,3 +261,9 @@ def test_many_bad_items_are_reported_briefly() -> None:
 def test_empty_toleration_key_tolerates_everything() -> None:
     job = load_job(job_doc(spec_of({"resources.tolerations": [{"key": "", "operator": "Exists"}]})))
     assert job.spec.resources.tolerations[0].key == ""
+
+
+@pytest.mark.parametrize("text", ["!!int trainer", "!!float x", "!!bool maybe"])
+def test_a_core_tag_on_the_wrong_text_names_the_field(text: str) -> None:
+    path, message = _yaml_error(f"spec:\n  image: {text}\n")
+    assert path == "spec.image" and "is not a valid !!" in message

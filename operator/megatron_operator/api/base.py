@@ -131,12 +131,12 @@ def _short(value: object) -> str:
 # Names, as Kubernetes validates them (apimachinery's validation package).
 DNS1123_LABEL_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS1123_SUBDOMAIN_PATTERN: Final = (
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
 # A qualified name (label key, taint key): an optional DNS-subdomain prefix and '/', then a
 # name of at most 63 characters. The prefix's own 253-character limit is QUALIFIED_PREFIX_PATTERN.
 QUALIFIED_NAME_PATTERN: Final = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
 QUALIFIED_PREFIX_PATTERN: Final = r"^([^/]{1,253}/)?[^/]*$"
@@ -184,6 +184,10 @@ QualifiedName = Annotated[
         {"type": "string", "maxLength": QUALIFIED_NAME_MAX, "pattern": QUALIFIED_NAME_PATTERN}
     ),
 ]
+
+# The same check for map keys (nodeSelector): no JSON-schema pattern, which pydantic would turn
+# into patternProperties (not structural); the CRD checks keys with a CEL rule (cel.py).
+LabelKey = Annotated[str, AfterValidator(_check_qualified_name)]
 
 
 def _check_toleration_key(value: str) -> str:

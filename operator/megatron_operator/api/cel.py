@@ -33,7 +33,7 @@ def _lit(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return "'" + value.replace("'", "\\'") + "'"
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
     return repr(value)
 
 

@@ -43,6 +43,10 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
 def _openapi(node: dict[str, Any]) -> dict[str, Any]:
     """One pydantic JSON-Schema node → a structural OpenAPI v3 node."""
     node = dict(node)
+    if "patternProperties" in node:
+        # Pydantic emits these for dict keys with a pattern; a structural schema would drop them
+        # (and the map's values with them). Check such keys with a CEL rule instead.
+        raise ValueError(f"patternProperties are not structural: {node}")
     any_of = node.pop("anyOf", None)
     if any_of is not None:
         options = [o for o in any_of if o.get("type") != "null"]

@@ -121,10 +121,19 @@ def _scalar(loader: Any, event: Any, path: str) -> Any:
     tag = event.tag
     if tag is None or tag == "!":
         tag = loader.resolve(yaml.ScalarNode, event.value, event.implicit)
+    if not tag.startswith(_TAG):
+        tag = _TAG + "str"  # an application tag (`!custom x`): go-yaml keeps the text
     if tag not in _SCALAR_TAGS:
         raise _Invalid(path, f"the YAML tag {tag} is not supported: remove it")
     node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
-    value = loader.yaml_constructors[tag](loader, node)
+    try:
+        value = loader.yaml_constructors[tag](loader, node)
+    except (ValueError, KeyError, TypeError):
+        raise _Invalid(
+            path,
+            f"{event.value[:40]!r} is not a valid !!{tag.removeprefix(_TAG)}: fix the value or "
+            "remove the tag",
+        ) from None
     if isinstance(value, bytes):  # !!binary: go-yaml decodes it to a string
         try:
             value = value.decode("utf-8")
@@ -205,7 +214,7 @@ class _Builder:
 
     def start(self, event: Any, value: dict[str, Any] | list[Any], default_tag: str) -> None:
         path = self.path()
-        if event.tag not in (None, "!", default_tag):
+        if event.tag not in (None, "!", default_tag) and event.tag.startswith(_TAG):
             raise _Invalid(path, f"the YAML tag {event.tag} is not supported: remove it")
         if len(self.stack) >= MAX_DEPTH:
             raise _Invalid(
@@ -294,7 +303,7 @@ def _load(text: str, source: str) -> list[Any]:
     try:
         while loader.check_event():
             builder.feed(loader, loader.get_event())
-    except (ValueError, RecursionError, MemoryError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError, MemoryError) as exc:
         # A scalar PyYAML's constructors refuse (none should get past the resolvers above).
         raise _Invalid(builder.path(), f"unreadable value ({type(exc).__name__})") from None
     finally:
@@ -536,4 +545,16 @@ _FIXES: Final = {
     "too_long": "has more than the {max_length} items or characters allowed: shorten it",
     "string_too_long": "is longer than the {max_length} characters allowed: shorten it",
     "string_pattern_mismatch": "does not match the pattern {pattern}: fix its characters",
+    "string_too_short": "must have at least {min_length} character(s)",
+    "too_short": "must have at least {min_length} item(s)",
+    "int_type": "must be an integer, unquoted (e.g. 8)",
+    "int_parsing": "must be an integer, unquoted (e.g. 8)",
+    "int_from_float": "must be a whole number (e.g. 8)",
+    "float_type": "must be a number, unquoted (e.g. 3e-4)",
+    "float_parsing": "must be a number, unquoted (e.g. 3e-4)",
+    "string_type": "must be a string: quote it",
+    "bool_type": "must be true or false",
+    "list_type": "must be a list",
+    "dict_type": "must be a mapping",
+    "model_type": "must be a mapping of fields",
 }

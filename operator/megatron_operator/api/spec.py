@@ -36,6 +36,7 @@ from .base import (
     DnsSubdomain,
     EnvName,
     Finite,
+    LabelKey,
     LabelValue,
     NonNegativeInt,
     PositiveInt,
@@ -62,6 +63,8 @@ TokenDispatcher = Annotated[
 LrDecayStyle = Annotated[str, one_of(choices.LR_DECAY_STYLES), enum_schema(choices.LR_DECAY_STYLES)]
 Recompute = Annotated[str, one_of(choices.RECOMPUTE), enum_schema(choices.RECOMPUTE)]
 ShardingType = Annotated[str, one_of(choices.SHARDING_TYPES), enum_schema(choices.SHARDING_TYPES)]
+
+_DAYS = f" At most {MAX_DURATION_SECONDS} s ({MAX_DURATION_SECONDS // 86400} days)."
 FailureAction = Literal["Restart", "RestartNotCounted", "Fail"]
 # What the operator can tell about a failure besides the exit code. See docs/api.md.
 FailureReason = Literal[
@@ -307,17 +310,20 @@ class Toleration(ApiModel):
         None, description="Taint effect to match; empty matches all."
     )
     toleration_seconds: Seconds | None = Field(
-        None, description="For NoExecute: how long to stay bound."
+        None, description="For NoExecute: how long to stay bound." + _DAYS
     )
 
 
 class ResourcesSpec(ApiModel):
     """Nodes, GPUs and per-pod resources. One pod runs on each node."""
 
-    nodes: PositiveInt = Field(le=MAX_NODES, description="Pods (one per node).")
+    nodes: PositiveInt = Field(
+        le=MAX_NODES, description=f"Pods (one per node); at most {MAX_NODES}."
+    )
     procs_per_node: PositiveInt = Field(
         le=MAX_PROCS_PER_NODE,
-        description="Ranks per pod: one per GPU with nvidia.com/gpu, CPU processes with none.",
+        description="Ranks per pod: one per GPU with nvidia.com/gpu, CPU processes with none. "
+        f"At most {MAX_PROCS_PER_NODE}, and nodes × procsPerNode at most {MAX_WORLD_SIZE}.",
     )
     accelerator: Accelerator = Field(
         "nvidia.com/gpu", description="GPU resource to request per pod, or none for CPU training."
@@ -340,7 +346,7 @@ class ResourcesSpec(ApiModel):
         description="Per-pod limits. A resource named rdma/* adds IPC_LOCK.",
     )
     shm_size: Quantity = Field("16Gi", description="Size of the memory-backed /dev/shm.")
-    node_selector: dict[QualifiedName, LabelValue] = Field(
+    node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=64, description="Node labels every pod must match."
     )
     tolerations: list[Toleration] = Field(
@@ -452,7 +458,8 @@ class CheckpointSpec(ApiModel):
         None,
         pattern=CHECKPOINT_PATH_PATTERN,
         max_length=4096,
-        description="Directory inside the volume (default: the job name).",
+        description="Directory inside the volume (default: the job name); relative, with no "
+        "'.' or '..' segment.",
     )
     save_interval: PositiveInt = Field(
         1000, le=MAX_ITERATIONS, description="Steps between checkpoints."
@@ -471,7 +478,7 @@ class CheckpointSpec(ApiModel):
     grace_period_seconds: PositiveInt = Field(
         300,
         le=MAX_DURATION_SECONDS,
-        description="Pod termination grace period: time to save a checkpoint on SIGTERM.",
+        description="Pod termination grace period: time to save a checkpoint on SIGTERM." + _DAYS,
     )
     init: InitSpec | None = Field(
         None, description="Start the first run from existing weights (exactly one source)."
@@ -505,12 +512,13 @@ class RestartPolicySpec(ApiModel):
         3, le=MAX_RESTARTS, description="Counted restarts before the job fails."
     )
     backoff_seconds: Seconds = Field(
-        10, description="Wait before attempt k+1: backoffSeconds · 2^k, capped."
+        10, description="Wait before attempt k+1: backoffSeconds · 2^k, capped." + _DAYS
     )
-    max_backoff_seconds: Seconds = Field(300, description="Cap on the backoff.")
+    max_backoff_seconds: Seconds = Field(300, description="Cap on the backoff." + _DAYS)
     hang_timeout_seconds: Seconds = Field(
         1800,
-        description="Restart with reason Hang when Running without progress this long (0: off).",
+        description="Restart with reason Hang when Running without progress this long (0: off)."
+        + _DAYS,
     )
     rules: list[FailureRule] = Field(
         default_factory=list,
@@ -562,5 +570,5 @@ class MegatronJobSpec(ApiModel):
     priority_class_name: DnsSubdomain | None = Field(None, description="PriorityClass of the pods.")
     suspend: bool = Field(False, description="true deletes the pods (they checkpoint first).")
     ttl_seconds_after_finished: Seconds | None = Field(
-        None, description="Delete the job this long after it Succeeded or Failed."
+        None, description="Delete the job this long after it Succeeded or Failed." + _DAYS
     )
