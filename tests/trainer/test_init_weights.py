@@ -145,13 +145,18 @@ def test_init_path_rules(trained_tp2: Path, tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def trained_reshardable(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, float]]:
-    """3 steps of gpt-tiny at TP=2, saved fully_reshardable at 2 and 3, and its losses."""
+    """3 steps of gpt-tiny at TP=2 with a fully_reshardable save at 2, and its losses.
+
+    Only a run's final save is fully_reshardable (periodic saves stay dp_reshardable), so the
+    run is stopped by SIGTERM after step 2 (that save) and then resumed for step 3."""
     workdir = tmp_path_factory.mktemp("tp2-full")
-    cfg = tiny_config(workdir / "ckpt", tp=2, trainIters=3, save_interval=2)
+    cfg = tiny_config(workdir / "ckpt", tp=2, trainIters=3, save_interval=5)
     cfg["checkpoint"].update(keep=0, shardingType="fully_reshardable")
-    run = run_trainer(cfg, workdir)
+    stopped = run_trainer(cfg, workdir, extra_env={"MEGATRON_INJECT_FAILURE": "2:0:TERM"})
+    assert stopped.returncode == 143, stopped.output[-5000:]
+    run = run_trainer(cfg, workdir, name="resumed")
     assert run.returncode == 0, run.output[-5000:]
-    return workdir / "ckpt", run.losses()
+    return workdir / "ckpt", {**stopped.losses(), **run.losses()}
 
 
 def test_full_load_continues_the_source_run_at_another_layout(
