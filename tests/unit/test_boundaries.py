@@ -20,6 +20,8 @@ CORE = [
     "megatron_operator.core.resolve",
     "megatron_operator.core.memory",
     "megatron_operator.core.trainer_config",
+    "megatron_operator.core.reconcile",
+    "megatron_operator.core.kueue",
 ]
 
 

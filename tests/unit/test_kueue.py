@@ -397,8 +397,8 @@ def test_state_collects_podset_updates_and_tas() -> None:
         "slices": [
             {
                 "domainCount": 1,
-                "valuesPerLevel": [{"universalValue": "rack-01"}],
-                "universalPodCount": 2,
+                "valuesPerLevel": [{"universal": "rack-01"}],
+                "podCounts": {"universal": 2},
             }
         ],
     }
@@ -750,17 +750,38 @@ def test_outdated_workload_names_what_changed(
     ("assignment", "want"),
     [
         (
-            # Kueue's own example 1: 4 pods in rack-1, 2 in rack-2 (both in block-1).
+            # As Kueue v0.19.2 wrote it for 4 ranks on a rack of 4 (tests/integration).
+            {
+                "levels": ["kubernetes.io/hostname"],
+                "slices": [
+                    {
+                        "domainCount": 4,
+                        "podCounts": {"universal": 1},
+                        "valuesPerLevel": [
+                            {
+                                "individual": {
+                                    "prefix": "gpu-node-0",
+                                    "roots": ["08", "09", "10", "11"],
+                                }
+                            }
+                        ],
+                    }
+                ],
+            },
+            [{"kubernetes.io/hostname": f"gpu-node-0{n}"} for n in ("08", "09", "10", "11")],
+        ),
+        (
+            # 4 pods in rack-1, 2 in rack-2, both in block-1.
             {
                 "levels": ["block", "rack"],
                 "slices": [
                     {
                         "domainCount": 2,
                         "valuesPerLevel": [
-                            {"roots": ["block-1", "block-1"]},
-                            {"roots": ["rack-1", "rack-2"]},
+                            {"universal": "block-1"},
+                            {"individual": {"prefix": "rack-", "roots": ["1", "2"]}},
                         ],
-                        "podCounts": [4, 2],
+                        "podCounts": {"individual": [4, 2]},
                     }
                 ],
             },
@@ -768,37 +789,21 @@ def test_outdated_workload_names_what_changed(
             + [{"block": "block-1", "rack": "rack-2"}] * 2,
         ),
         (
-            # Example 2: the same, with a universal value and a common prefix.
-            {
-                "levels": ["block", "rack"],
-                "slices": [
-                    {
-                        "domainCount": 2,
-                        "valuesPerLevel": [
-                            {"universalValue": "block-1"},
-                            {"prefix": "rack-", "roots": ["1", "2"]},
-                        ],
-                        "podCounts": [4, 2],
-                    }
-                ],
-            },
-            [{"block": "block-1", "rack": "rack-1"}] * 4
-            + [{"block": "block-1", "rack": "rack-2"}] * 2,
-        ),
-        (
-            # Example 4: one pod a node, two slices, prefixes and suffixes.
+            # Two slices, with prefixes and suffixes.
             {
                 "levels": ["kubernetes.io/hostname"],
                 "slices": [
                     {
                         "domainCount": 2,
-                        "valuesPerLevel": [{"prefix": "r1-", "roots": ["a", "b"], "suffix": "-x"}],
-                        "universalPodCount": 1,
+                        "valuesPerLevel": [
+                            {"individual": {"prefix": "r1-", "roots": ["a", "b"], "suffix": "-x"}}
+                        ],
+                        "podCounts": {"universal": 1},
                     },
                     {
                         "domainCount": 1,
-                        "valuesPerLevel": [{"prefix": "r2-", "roots": ["c"]}],
-                        "universalPodCount": 1,
+                        "valuesPerLevel": [{"individual": {"roots": ["r2-c"]}}],
+                        "podCounts": {"individual": [2]},
                     },
                 ],
             },
@@ -806,11 +811,27 @@ def test_outdated_workload_names_what_changed(
                 {"kubernetes.io/hostname": "r1-a-x"},
                 {"kubernetes.io/hostname": "r1-b-x"},
                 {"kubernetes.io/hostname": "r2-c"},
+                {"kubernetes.io/hostname": "r2-c"},
             ],
         ),
         ({}, []),
     ],
-    ids=["roots", "universal-and-prefix", "slices", "empty"],
+    ids=["kueue-0.19", "universal-and-prefix", "slices", "empty"],
 )
 def test_topology_slots(assignment: dict[str, Any], want: list[dict[str, str]]) -> None:
     assert kueue.topology_slots(assignment) == want
+
+
+def test_topology_slots_refuses_an_inconsistent_slice() -> None:
+    broken = {
+        "levels": ["rack"],
+        "slices": [
+            {
+                "domainCount": 2,
+                "valuesPerLevel": [{"individual": {"roots": ["r1"]}}],
+                "podCounts": {"universal": 1},
+            }
+        ],
+    }
+    with pytest.raises(KueueError, match="2 domains"):
+        kueue.topology_slots(broken)

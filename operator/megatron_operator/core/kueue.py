@@ -314,21 +314,27 @@ class QueuedState:
 
 
 def topology_slots(assignment: Mapping[str, Any]) -> list[dict[str, str]]:
-    """A topologyAssignment (v1beta2: levels plus compressed slices) expanded to the node labels
-    of each pod slot, in order. With a podIndexLabel Kueue gives the pod of rank r slot r, so this
-    says where each rank goes (e.g. for the status or an event)."""
+    """A topologyAssignment expanded to the node labels of each pod slot, in order. With a
+    podIndexLabel Kueue gives the pod of rank r slot r, so this says where each rank goes (for
+    the status or an event). The format is Kueue v0.19's v1beta2: levels plus compressed slices,
+    each level's values `universal` or `individual` {prefix, roots, suffix}, pod counts
+    `universal` or `individual`."""
     levels = list(assignment.get("levels") or [])
     slots: list[dict[str, str]] = []
     for piece in assignment.get("slices") or []:
         count = int(piece.get("domainCount") or 0)
         columns = []
         for level in piece.get("valuesPerLevel") or []:
-            if "universalValue" in level:
-                columns.append([str(level["universalValue"])] * count)
-            else:
-                prefix, suffix = level.get("prefix") or "", level.get("suffix") or ""
-                columns.append([f"{prefix}{root}{suffix}" for root in level.get("roots") or []])
-        pods = piece.get("podCounts") or [piece.get("universalPodCount") or 0] * count
+            if level.get("universal") is not None:
+                columns.append([str(level["universal"])] * count)
+                continue
+            each = level.get("individual") or {}
+            prefix, suffix = each.get("prefix") or "", each.get("suffix") or ""
+            columns.append([f"{prefix}{root}{suffix}" for root in each.get("roots") or []])
+        counts = piece.get("podCounts") or {}
+        pods = counts.get("individual") or [counts.get("universal") or 0] * count
+        if any(len(column) != count for column in columns) or len(pods) != count:
+            raise KueueError(f"topologyAssignment: a slice does not describe {count} domains")
         for d in range(count):
             labels = {levels[i]: column[d] for i, column in enumerate(columns)}
             slots.extend(dict(labels) for _ in range(int(pods[d])))
