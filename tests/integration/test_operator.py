@@ -362,11 +362,14 @@ def test_job_body_keeps_no_kopf_state_in_status(
 def test_pods_the_apiserver_rejects_fail_the_job_not_loop(
     cluster: Cluster, namespace: str, operator: Op
 ) -> None:
-    # Neither the CRD nor the planner checks label syntax; the apiserver's pod validation does.
-    doc = tiny_gpu_job("badlabel", nodes=1, resources={"nodeSelector": {"not a label!": "x"}})
+    # Neither the CRD nor the planner compares requests with limits; the apiserver's pod
+    # validation does (a request above its limit is invalid).
+    doc = tiny_gpu_job(
+        "badlabel", nodes=1, resources={"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}
+    )
     cluster.apply(doc, namespace)
     st = wait_phase(cluster, namespace, "badlabel", "Failed", timeout=60)
     cond = condition(st, "Failed")
     assert cond is not None and cond["reason"] == "InvalidSpec"
-    assert "apiserver rejected" in cond["message"] and "nodeSelector" in cond["message"]
+    assert "apiserver rejected" in cond["message"] and "limit" in cond["message"]
     assert pods(cluster, namespace, "badlabel") == []
