@@ -5,51 +5,41 @@ trainer's parsers, so everything after the sub-command's name is passed on untou
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 from megatron_operator.cli.common import CliError
 
-
-def cmd_preprocess(args: argparse.Namespace) -> int:
-    try:
-        from megatron_trainer.preprocess import main as preprocess_main
-    except ImportError as exc:
-        raise CliError(
-            f"mjob preprocess needs the trainer extra ({exc.name} is missing): "
-            "pip install 'megatron-operator[trainer]'"
-        ) from None
-    rest: list[str] = args.rest
-    return int(preprocess_main(rest))
+# sub-command → (the trainer module whose main(argv) runs it, its help line)
+TOOLS = {
+    "preprocess": ("megatron_trainer.preprocess", "jsonl → .bin/.idx for training"),
+    "export": ("megatron_trainer.export", "a job's checkpoint → a Hugging Face model"),
+}
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    try:
-        from megatron_trainer.export import main as export_main
-    except ImportError as exc:
-        raise CliError(
-            f"mjob export needs the trainer extra ({exc.name} is missing): "
-            "pip install 'megatron-operator[trainer]'"
-        ) from None
-    rest: list[str] = args.rest
-    return int(export_main(rest))
+def _tool(name: str) -> Callable[[argparse.Namespace], int]:
+    module_name = TOOLS[name][0]
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise CliError(
+                f"mjob {name} needs the trainer extra ({exc.name} is missing): "
+                "pip install 'megatron-operator[trainer]'"
+            ) from None
+        rest: list[str] = args.rest
+        return int(module.main(rest))
+
+    return run
 
 
-# The sub-commands whose arguments go to the trainer's own parser, by name.
-PASSTHROUGH = {"preprocess": cmd_preprocess, "export": cmd_export}
+PASSTHROUGH = {name: _tool(name) for name in TOOLS}
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "preprocess",
-        help="jsonl → .bin/.idx for training (see mjob preprocess --help)",
-        add_help=False,
-    )
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_preprocess)
-    p = sub.add_parser(
-        "export",
-        help="a job's checkpoint → a Hugging Face model (see mjob export --help)",
-        add_help=False,
-    )
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_export)
+    for name, (_, help_text) in TOOLS.items():
+        p = sub.add_parser(name, help=f"{help_text} (see mjob {name} --help)", add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=PASSTHROUGH[name])
