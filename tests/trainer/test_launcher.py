@@ -99,3 +99,23 @@ def test_missing_env_is_a_config_error(tmp_path: Path) -> None:
 def test_rank_exit_codes_follow_the_shell_convention() -> None:
     assert exit_code(-9) == 137 and exit_code(-15) == 143
     assert exit_code(0) == 0 and exit_code(78) == 78
+
+
+def test_version_and_unexpected_arguments() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "megatron_trainer", "--version"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0 and out.stdout.startswith("megatron_trainer ")
+    bad = subprocess.run(
+        [sys.executable, "-m", "megatron_trainer", "--oops"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == ExitCode.CONFIG and "--version" in bad.stderr

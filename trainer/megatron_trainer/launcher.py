@@ -211,8 +211,30 @@ def _check_writable(directory: str) -> None:
         ) from err
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return package_version("megatron-operator")
+    except PackageNotFoundError:  # a source tree without an install
+        return "unknown"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the container command. Returns the pod's exit code."""
+    """Entry point of the container command. Returns the pod's exit code. The job comes from the
+    environment (docs/contract.md); the only argument is --version."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["--version"]:
+        print(f"megatron_trainer {version()}")
+        return ExitCode.OK
+    if args:
+        print(
+            f"megatron_trainer: unexpected arguments {args}: the job is read from the "
+            "environment (MEGATRON_CONFIG and the contract env); the only option is --version",
+            file=sys.stderr,
+        )
+        return ExitCode.CONFIG
     try:
         env = runtime_env(os.environ)
         config = load_config(env.config_path)
