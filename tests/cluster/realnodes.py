@@ -279,7 +279,6 @@ def cni_config(n: RealNode, network: str) -> None:
                     "dataDir": str(n.root / "cni" / "ipam"),
                 },
             },
-            {"type": "portmap", "capabilities": {"portMappings": True}},
         ],
     }
     path = n.root / "cni" / "net.d" / "10-pods.conflist"
@@ -453,7 +452,7 @@ def start(
     fabric, nodes = plan(state, count)
     pki = state / "pki"
     # Recorded first, so that a failure from here on is cleaned up by teardown().
-    layout = {
+    layout: dict[str, Any] = {
         "fabric_netns": fabric,
         "nodes": [n.info() for n in nodes],
         "api_service_ip": API_SERVICE_IP,
@@ -500,6 +499,7 @@ def start(
     log(f"images imported into {len(nodes)} nodes in {seconds:.0f} s")
 
     for n in nodes:
+        make_cgroups(n.cgroup_root)
         kubeconfig = n.root / "kubelet" / "kubeconfig"
         write_kubeconfig(kubeconfig, pki, in_cluster)
         spawn(
@@ -593,6 +593,19 @@ def unmount_under(root: Path) -> int:
     for point in sorted(set(points), key=len, reverse=True):
         subprocess.run(["umount", "-l", point], capture_output=True, check=False)
     return len(set(points))
+
+
+def make_cgroups(cgroup_root: str) -> None:
+    """The kubelet refuses a cgroupRoot that does not exist in every hierarchy. cgroup v1: one
+    directory per controller; cpuset needs its CPUs and memory nodes before tasks can join."""
+    for controller in Path("/sys/fs/cgroup").iterdir():
+        if not controller.is_dir() or controller.name == "unified":
+            continue
+        top = controller / cgroup_root.lstrip("/")
+        top.mkdir(exist_ok=True)
+        if controller.name == "cpuset":
+            for key in ("cpuset.cpus", "cpuset.mems"):
+                (top / key).write_text((controller / key).read_text())
 
 
 def remove_cgroups(cgroup_root: str) -> None:
