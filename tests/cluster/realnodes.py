@@ -282,6 +282,7 @@ def cni_config(n: RealNode, network: str) -> None:
         ],
     }
     path = n.root / "cni" / "net.d" / "10-pods.conflist"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(conf, indent=2) + "\n")
 
 
