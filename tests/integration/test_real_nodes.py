@@ -186,7 +186,17 @@ def test_pod_reaches_the_apiserver_with_its_service_account_token(
     c.kubectl("delete", "namespace", ns, "--wait=false")
 
 
-SLEEP_CODE = "import time; print('started', flush=True); time.sleep(3600)"
+# The container's main process is PID 1 of its PID namespace, and the kernel does not deliver
+# a signal to PID 1 whose action is the default: like the trainer, it handles SIGTERM itself.
+SLEEP_CODE = (
+    "import signal, sys, time\n"
+    "def stop(signum, frame):\n"
+    "    print('got SIGTERM', flush=True)\n"
+    "    sys.exit(143)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "print('started', flush=True)\n"
+    "time.sleep(3600)\n"
+)
 
 
 def test_kill_container_fails_the_pod_with_the_signal_exit_code(
@@ -207,6 +217,7 @@ def test_kill_container_fails_the_pod_with_the_signal_exit_code(
         term = done["status"]["containerStatuses"][0]["state"]["terminated"]
         assert term["exitCode"] == code, term
         assert term["containerID"].endswith(out["container_id"])
+        assert ("got SIGTERM" in c.logs(ns, name)) == (sig == "TERM")
     c.kubectl("delete", "namespace", ns, "--wait=false")
 
 
