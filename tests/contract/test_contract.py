@@ -78,6 +78,7 @@ def test_exit_codes_mean_to_the_operator_what_the_trainer_means() -> None:
     rules: list[Any] = list(RestartPolicySpec().rules)
     assert match(Failure("Error", ExitCode.CONFIG), rules)[0] == "Fail"
     assert match(Failure("Error", ExitCode.SIGTERM), rules)[0] == "RestartNotCounted"
+    assert match(Failure("Error", ExitCode.NON_FINITE), rules)[0] == "Fail"
     assert match(Failure("Error", 1), rules)[0] == "Restart"
 
 

@@ -25,6 +25,8 @@ DEFAULT_RULES: Final[tuple[FailureRule, ...]] = (
     FailureRule.model_validate({"action": "Fail", "exitCodes": [ExitCode.CONFIG]}),
     # The trainer was told to stop and saved a checkpoint first.
     FailureRule.model_validate({"action": "RestartNotCounted", "exitCodes": [ExitCode.SIGTERM]}),
+    # NaN/Inf loss or gradients: a restart would replay the same data onto the same weights.
+    FailureRule.model_validate({"action": "Fail", "exitCodes": [ExitCode.NON_FINITE]}),
 )
 
 
