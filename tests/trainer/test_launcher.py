@@ -63,9 +63,12 @@ def expert_parallel_on_cpu(cfg: dict[str, Any], tmp: Path) -> None:
     ("breakage", "expected"),
     [
         (bad_recipe, "model.recipe: unknown recipe 'gpt-enormous'"),
-        (bad_layout, "model.numAttentionHeads (4) is not divisible by parallelism.tensor (3)"),
+        (
+            bad_layout,
+            "parallelism.tensor: numAttentionHeads (4) is not divisible by parallelism.tensor (3)",
+        ),
         (missing_data, "corpus.bin does not exist; run `mjob preprocess`"),
-        (expert_parallel_on_cpu, "parallelism.expert (2) > 1 (expert parallelism) is CUDA-only"),
+        (expert_parallel_on_cpu, "parallelism.expert: expert parallelism is CUDA-only"),
     ],
 )
 def test_bad_config_fails_fast(breakage: Any, expected: str, tmp_path: Path) -> None:
