@@ -37,6 +37,7 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (
     FullyParallelSaveStrategyWrapper,
 )
 
+from megatron_contract import paths
 from megatron_contract.config import CheckpointConfig, TrainerConfig
 from megatron_contract.errors import ConfigError
 
@@ -54,7 +55,7 @@ from .platform import Platform
 
 log = logging.getLogger(__name__)
 
-TRACKER = "latest_checkpointed_iteration.txt"
+TRACKER = paths.TRACKER_FILE  # the Megatron-LM layout, from the contract
 # 2: RNG state in Megatron-LM's layout, Megatron-LM `args`, the step's loss, per-save sharding.
 FORMAT_VERSION = 2
 # Format 1 stored the RNG state in our own layout: its weights, optimizer and data position load,
@@ -67,7 +68,7 @@ _RESHARD_FIELDS = ("tensor", "pipeline", "virtualPipeline", "expert", "expertTen
 
 
 def iteration_dir(root: str | Path, iteration: int) -> Path:
-    return Path(root) / f"iter_{iteration:07d}"
+    return Path(root) / paths.iter_dir_name(iteration)
 
 
 def _iteration_of(path: Path) -> int | None:

@@ -25,7 +25,6 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron_contract.config import InitConfig, TrainerConfig
 from megatron_contract.env import RuntimeEnv
-from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
 
 from .checkpoint import Checkpointer
@@ -244,14 +243,12 @@ class Trainer:
     def _start_from(self, init: InitConfig) -> int:
         """The first run starts from existing weights (checkpoint.init); returns the samples
         already consumed. Restarts never come here: they resume from the job's own checkpoint."""
-        from .hf import check_hf_config, load_hf_into_model
+        from .hf import load_hf_into_model
         from .init_weights import load_megatron_weights
 
         if init.hugging_face is not None:
+            # config.json was checked against spec.model by the launcher (validate.py).
             path = init.hugging_face.path
-            problems = check_hf_config(self.cfg.model, path)
-            if problems:
-                raise ConfigError(problems)
             filled = load_hf_into_model(self.model, path, self.cfg.model)
             self._log_rank0("INIT: %d tensors from the Hugging Face model %s", filled, path)
             self.optimizer.reload_model_params()  # the optimizer's fp32 copies of the weights

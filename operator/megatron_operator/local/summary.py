@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-_ITER_DIR = re.compile(r"^iter_(\d{7})$")
+from megatron_contract.paths import ITER_DIR_RE
 
 
 @dataclass
@@ -53,7 +52,7 @@ def complete_checkpoints(directory: Path) -> list[int]:
         return []
     out = []
     for child in directory.iterdir():
-        m = _ITER_DIR.match(child.name)
+        m = ITER_DIR_RE.match(child.name)
         if m and (child / "metadata.json").exists() and (child / ".metadata").exists():
             out.append(int(m.group(1)))
     return sorted(out)
