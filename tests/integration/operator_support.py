@@ -69,19 +69,31 @@ class Op:
         self.wait_ready()
 
     def wait_ready(self, timeout: float = 60) -> None:
-        """kopf is watching once it has logged its first handler or startup lines."""
+        """Ready when /readyz says so: kopf started and every watch has listed what exists."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise AssertionError(f"the operator exited:\n{self.log_tail()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.metrics_port), timeout=0.5):
-                    time.sleep(1.0)  # metrics are up before kopf's watches: give them a moment
-                    return
-            except OSError:
-                time.sleep(0.2)
-        raise AssertionError(f"the operator did not start:\n{self.log_tail()}")
+            if self.probe("/readyz") == 200:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"the operator did not become ready:\n{self.log_tail()}")
+
+    def probe(self, path: str) -> int | None:
+        """The HTTP status of one of the operator's endpoints (None: no answer)."""
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.metrics_port}{path}", timeout=2
+            ) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except OSError:
+            return None
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc is not None and self.proc.poll() is None:

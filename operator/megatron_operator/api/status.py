@@ -31,6 +31,9 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     PODS_SCHEDULED = "PodsScheduled"
+    # True while the apiserver refuses the job's objects (RBAC, Pod Security, a ResourceQuota),
+    # as a Deployment's ReplicaFailure: the message is the apiserver's own.
+    CREATE_FAILURE = "CreateFailure"
 
 
 class Reason(StrEnum):
@@ -51,6 +54,7 @@ class Reason(StrEnum):
     FAILURE_POLICY = "FailurePolicy"
     UNSCHEDULABLE = "Unschedulable"
     ALL_PODS_SCHEDULED = "AllPodsScheduled"
+    FAILED_CREATE = "FailedCreate"
 
 
 class EventType(StrEnum):

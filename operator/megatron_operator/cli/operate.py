@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
+import uuid
 from typing import Any
 
 from megatron_operator.cli.common import EXIT_INVALID, CliError
@@ -29,13 +32,37 @@ def register(sub: Any) -> None:
         default=30.0,
         help="how long a node may be NotReady before its pods count as lost",
     )
+    p.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="run as one of several replicas: lead through a Lease, or stand by",
+    )
+    p.add_argument(
+        "--leader-election-namespace",
+        default=None,
+        metavar="NS",
+        help="namespace of the leader Lease (default: $POD_NAMESPACE)",
+    )
+    p.add_argument(
+        "--leader-election-id",
+        default="megatron-operator",
+        metavar="NAME",
+        help="name of the leader Lease",
+    )
     p.add_argument("--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_operator)
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    if args.metrics_port < 0 or args.workers < 1:
-        raise CliError("--metrics-port must be ≥ 0 and --workers ≥ 1", EXIT_INVALID)
+    if not 0 <= args.metrics_port <= 65535 or args.workers < 1:
+        raise CliError("--metrics-port must be 0-65535 and --workers ≥ 1", EXIT_INVALID)
+    lease_namespace = args.leader_election_namespace or os.environ.get("POD_NAMESPACE")
+    if args.leader_elect and not lease_namespace:
+        raise CliError(
+            "--leader-elect needs --leader-election-namespace or $POD_NAMESPACE "
+            "(the chart sets it from the downward API)",
+            EXIT_INVALID,
+        )
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -45,16 +72,26 @@ def cmd_operator(args: argparse.Namespace) -> int:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     # Imported here: kopf and the Kubernetes client take a second to import, and only this
     # sub-command needs them.
-    from megatron_operator.cluster import handlers
+    from megatron_operator.cluster import handlers, health
     from megatron_operator.cluster.controller import Controller
     from megatron_operator.cluster.kube import Kube
+    from megatron_operator.cluster.leader import LeaderElector
     from megatron_operator.cluster.metrics import Metrics
     from megatron_operator.core.reconcile import Settings
 
     metrics = Metrics()
-    if args.metrics_port:
-        metrics.serve(args.metrics_port)
     settings = Settings(node_lost_grace_seconds=args.node_lost_grace_seconds)
-    controller = Controller(Kube.connect(workers=args.workers), metrics, settings)
-    handlers.run(handlers.Runtime(controller=controller, namespaces=tuple(args.namespace)))
+    kube = Kube.connect(workers=args.workers)
+    controller = Controller(kube, metrics, settings)
+    runtime = handlers.Runtime(controller=controller, namespaces=tuple(args.namespace))
+    if args.metrics_port:
+        health.serve(args.metrics_port, metrics.registry, runtime.health)
+    if args.leader_elect:
+        identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        runtime.elector = LeaderElector(
+            kube.client, str(lease_namespace), args.leader_election_id, identity
+        )
+    if not handlers.run(runtime):
+        logging.getLogger(__name__).error("lost the leader Lease: exiting to stand by again")
+        return 1
     return 0

@@ -6,18 +6,20 @@ that makes a crash at any point safe (see reconcile.py): status, events, deletes
 
 from __future__ import annotations
 
-import json
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
+from prometheus_client import Counter
 
+from megatron_operator.cluster.errors import ApiError, ErrorKind, classify
 from megatron_operator.cluster.kube import Conflict, Kube, Rejected
 from megatron_operator.cluster.metrics import Metrics
+from megatron_operator.core.backoff import Backoff
 from megatron_operator.core.observe import parse_time, pod_view
 from megatron_operator.core.reconcile import Outcome, Settings, World, reconcile
 
@@ -27,14 +29,9 @@ log = logging.getLogger(__name__)
 NodeLookup = Callable[[str], "tuple[bool, datetime | None]"]
 
 
-API_RETRY_SECONDS = 5.0
-
-
-def _api_message(exc: ApiException) -> str:
-    try:
-        return str(json.loads(exc.body or "").get("message", ""))[:300]
-    except (TypeError, ValueError, AttributeError):
-        return str(exc.body or "")[:300]
+# Consecutive transient failures (429, 5xx, no answer) before the job's owner is told.
+TRANSIENT_BEFORE_CONDITION = 3
+API_BACKOFF = Backoff(base=1.0, factor=2.0, cap=120.0, jitter=0.5)
 
 
 def _now() -> datetime:
@@ -42,48 +39,93 @@ def _now() -> datetime:
 
 
 class Controller:
-    def __init__(self, kube: Kube, metrics: Metrics, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        metrics: Metrics,
+        settings: Settings | None = None,
+        backoff: Backoff = API_BACKOFF,
+    ) -> None:
         self.kube = kube
         self.metrics = metrics
         self.settings = settings or Settings()
+        self.backoff = backoff
+        self.random = random.Random()
+        # Per job: consecutive API failures, and the refusal shown on it (cleared by success).
+        self.failures: dict[tuple[str, str], int] = {}
+        self.refusals: dict[tuple[str, str], str] = {}
+        self.api_errors = Counter(
+            "megatron_operator_api_errors_total",
+            "Failed apiserver calls made while reconciling, by kind (Forbidden, Throttled, ...)",
+            ["kind"],
+            registry=metrics.registry,
+        )
 
     def reconcile_job(self, namespace: str, name: str, nodes: NodeLookup | None = None) -> float:
         """Reconcile once; returns the seconds until the next reconcile is due."""
+        key = (namespace, name)
         started = time.perf_counter()
         try:
-            return self._reconcile(namespace, name, nodes)
+            delay = self._reconcile(namespace, name, nodes)
+            self.failures.pop(key, None)
+            return delay
         except Conflict as exc:
             log.info("conflict, observing again: %s", exc)
             return 0.2
-        except ApiException as exc:
-            # The API said no (a terminating namespace, a quota, a webhook): not a bug of ours,
-            # so a one-line warning, and the next reconcile tries again.
-            log.warning(
-                "%s/%s: the API refused a call (%s %s): %s; retrying in %gs",
-                namespace,
-                name,
-                exc.status,
-                exc.reason,
-                _api_message(exc),
-                API_RETRY_SECONDS,
-            )
-            return API_RETRY_SECONDS
+        except Exception as exc:
+            err = classify(exc)
+            if err is None:
+                raise  # a bug of ours: the job loop logs it with its traceback
+            return self._failed(namespace, name, err)
         finally:
             self.metrics.reconcile.observe(time.perf_counter() - started)
 
-    def _reconcile(self, namespace: str, name: str, nodes: NodeLookup | None) -> float:
-        job = self.kube.get_job(namespace, name)
-        if job is None:
-            self.metrics.forget(namespace, name)
-            return self.settings.resync_seconds
-        if job["metadata"].get("deletionTimestamp"):
-            return self.settings.resync_seconds  # the delete handler takes it from here
-        raw_pods = self.kube.list_pods(namespace, name)
+    def _failed(self, namespace: str, name: str, err: ApiError) -> float:
+        """Back off (exponential, jittered, capped); a refusal that will not pass by itself
+        goes on the job as a condition and an event, with the apiserver's message."""
+        key = (namespace, name)
+        self.api_errors.labels(str(err.kind)).inc()
+        if err.kind == ErrorKind.CONFLICT:
+            return 0.2
+        failures = self.failures.get(key, 0) + 1
+        self.failures[key] = failures
+        delay = self.backoff.delay(failures, self.random.random(), err.retry_after or 0.0)
+        log.warning(
+            "%s/%s: the API refused a call (%s); retry %d in %.1fs",
+            namespace,
+            name,
+            err,
+            failures,
+            delay,
+        )
+        if err.persistent or failures >= TRANSIENT_BEFORE_CONDITION:
+            message = f"the apiserver refused the job's objects ({err})"
+            if self.refusals.get(key) != message:
+                self.refusals[key] = message
+                self._show_refusal(namespace, name)
+        return delay
+
+    def _show_refusal(self, namespace: str, name: str) -> None:
+        """Write the refusal condition now (status and events only, no other action)."""
+        try:
+            job = self.kube.get_job(namespace, name)
+            if job is None:
+                return
+            world = self._world(job, [], None, self.kube.accepted_spec(namespace, name))
+            out = reconcile(world, self.settings)
+            self._write_status(job, out)
+        except Exception as exc:  # best effort: the next reconcile tries again
+            log.warning("%s/%s: could not report the refusal: %s", namespace, name, exc)
+
+    def _world(
+        self,
+        job: dict[str, Any],
+        raw_pods: list[dict[str, Any]],
+        nodes: NodeLookup | None,
+        accepted: Mapping[str, Any] | None,
+    ) -> World:
+        meta = job["metadata"]
         pods = [pod_view(p) for p in raw_pods]
-        raw_status = job.get("status")
-        status: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
-        # The accepted spec lives in the ConfigMap, which exists once an attempt was launched.
-        accepted = self.kube.accepted_spec(namespace, name) if "launchedAttempt" in status else None
         not_ready: dict[str, datetime] = {}
         known: set[str] | None = None
         if nodes is not None:
@@ -94,14 +136,29 @@ class Controller:
                     known.add(node)
                 if since is not None:
                     not_ready[node] = since
-        world = World(
+        return World(
             job=job,
             pods=pods,
             now=_now(),
             not_ready_nodes=not_ready,
             known_nodes=frozenset(known) if known is not None else None,
             accepted_spec=accepted,
+            refusal=self.refusals.get((str(meta["namespace"]), str(meta["name"]))),
         )
+
+    def _reconcile(self, namespace: str, name: str, nodes: NodeLookup | None) -> float:
+        job = self.kube.get_job(namespace, name)
+        if job is None:
+            self.metrics.forget(namespace, name)
+            return self.settings.resync_seconds
+        if job["metadata"].get("deletionTimestamp"):
+            return self.settings.resync_seconds  # the delete handler takes it from here
+        raw_pods = self.kube.list_pods(namespace, name)
+        raw_status = job.get("status")
+        status: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
+        # The accepted spec lives in the ConfigMap, which exists once an attempt was launched.
+        accepted = self.kube.accepted_spec(namespace, name) if "launchedAttempt" in status else None
+        world = self._world(job, raw_pods, nodes, accepted)
         out = reconcile(world, self.settings)
         try:
             self._apply(job, out)
@@ -114,12 +171,13 @@ class Controller:
                 return self.settings.resync_seconds
             out = reconcile(replace(world, job=fresh, rejection=str(exc)), self.settings)
             self._apply(fresh, out)
+        wrote = bool(out.create) or bool(out.delete_pods)
+        if wrote and self.refusals.pop((namespace, name), None) is not None:
+            return min(out.requeue_after, 0.2)  # the next reconcile clears the condition
         return out.requeue_after
 
-    def _apply(self, job: dict[str, object], out: Outcome) -> None:
+    def _write_status(self, job: dict[str, Any], out: Outcome) -> None:
         meta = job["metadata"]
-        assert isinstance(meta, Mapping)
-        namespace, name = str(meta["namespace"]), str(meta["name"])
         if out.status != job.get("status"):
             self.kube.replace_status(dict(job), out.status)
         now = _now()
@@ -127,7 +185,14 @@ class Controller:
             self.kube.pool.submit(
                 self.kube.event, dict(job), event.type, event.reason, event.message, now
             )
-        self.metrics.observe_status(namespace, name, out.status)
+        self.metrics.observe_status(str(meta["namespace"]), str(meta["name"]), out.status)
+
+    def _apply(self, job: dict[str, Any], out: Outcome) -> None:
+        meta = job["metadata"]
+        assert isinstance(meta, Mapping)
+        namespace, name = str(meta["namespace"]), str(meta["name"])
+        self._write_status(job, out)
+        now = _now()
         if out.restart_reason is not None:
             self.metrics.restarts.labels(namespace, name, out.restart_reason).inc()
         if out.entered_running and out.status.get("restartAttempt") == 0:

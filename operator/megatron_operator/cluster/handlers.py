@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import signal
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +21,8 @@ import kopf
 
 from megatron_operator.api.job import GROUP, PLURAL, VERSION
 from megatron_operator.cluster.controller import Controller, NodeLookup
+from megatron_operator.cluster.health import Health
+from megatron_operator.cluster.leader import LeaderElector
 from megatron_operator.cluster.watch import NodeReadiness, Watcher, node_watcher, pod_watchers
 from megatron_operator.core.names import DOMAIN, FINALIZER
 
@@ -29,6 +33,7 @@ log = logging.getLogger(__name__)
 # min(32, cores + 4) threads: far too few when hundreds of jobs are reconciled at once.
 RECONCILE_WORKERS = 32
 DEBOUNCE_SECONDS = 0.05  # let a burst of pod events land before observing
+HEARTBEAT_SECONDS = 5.0  # how often the loop and the reconcile pool report to /livez
 
 
 @dataclass
@@ -44,6 +49,18 @@ class Runtime:
     pool: ThreadPoolExecutor | None = None
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     generations: dict[tuple[str, str], int | None] = field(default_factory=dict)
+    health: Health = field(default_factory=Health)
+    elector: LeaderElector | None = None  # None: no leader election (one replica)
+    heartbeat: asyncio.Task[None] | None = None
+
+    def synced(self) -> tuple[bool, str]:
+        """Ready once every watch has listed what exists (the readiness probe)."""
+        if not self.watchers:
+            return False, "watches not started"
+        waiting = [w.name for w in self.watchers if not w.synced.is_set()]
+        if waiting:
+            return False, f"waiting for the initial list of: {', '.join(waiting)}"
+        return True, "ok: leading" if self.elector is not None else "ok"
 
     def wake(self, namespace: str | None, name: str | None) -> None:
         if namespace and name:
@@ -63,14 +80,48 @@ def _runtime(memo: Any) -> Runtime:
     return runtime
 
 
-def run(runtime: Runtime) -> None:
-    """Run the operator in the foreground until it is stopped (SIGTERM, SIGINT)."""
-    kopf.run(
-        clusterwide=not runtime.namespaces,
-        namespaces=list(runtime.namespaces),
-        standalone=True,
-        memo=kopf.Memo(runtime=runtime),
-    )
+def run(runtime: Runtime) -> bool:
+    """Run the operator in the foreground until it is stopped (SIGTERM, SIGINT). With leader
+    election, wait for the Lease first. Returns False when leadership was lost (the caller exits
+    non-zero, and Kubernetes restarts the process as a standby)."""
+    stop = threading.Event()
+    elector = runtime.elector
+    if elector is not None:
+        runtime.health.readiness = lambda: (True, "standby: waiting for the leader Lease")
+        signals = _stop_on_signals(stop)
+        try:
+            if not elector.acquire(stop):
+                return True  # stopped while standing by
+        finally:
+            _restore(signals)
+        elector.keep(stop, on_lost=stop.set)
+    try:
+        kopf.run(
+            clusterwide=not runtime.namespaces,
+            namespaces=list(runtime.namespaces),
+            standalone=True,
+            memo=kopf.Memo(runtime=runtime),
+            stop_flag=stop,
+        )
+    finally:
+        if elector is not None and not elector.lost.is_set():
+            elector.release()
+    return elector is None or not elector.lost.is_set()
+
+
+def _stop_on_signals(stop: threading.Event) -> dict[int, Any]:
+    """While standing by (before kopf installs its own handlers), SIGTERM/SIGINT end the wait."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    return previous
+
+
+def _restore(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 @kopf.on.startup()
@@ -83,6 +134,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.enabled = False  # we post our own events, after each status write
     settings.execution.max_workers = 64
     settings.watching.server_timeout = 300
+    # Client-side timeouts: a watch or a call on a half-open connection must fail, not hang.
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.networking.connect_timeout = 10
+    settings.networking.request_timeout = 60
     # Our daemons exit as soon as they are told to stop; give them a moment to do so cleanly
     # rather than being cancelled mid-reconcile.
     settings.background.instant_exit_timeout = 2.0
@@ -109,11 +165,27 @@ async def start(memo: kopf.Memo, **_: Any) -> None:
     ]
     for w in runtime.watchers:
         w.start()
+    runtime.health.readiness = runtime.synced
+    runtime.health.expect("event-loop", "reconcile-pool")
+    runtime.heartbeat = asyncio.create_task(_heartbeat(runtime))
+
+
+async def _heartbeat(runtime: Runtime) -> None:
+    """Report to /livez that the asyncio loop runs and that the reconcile pool takes work (a
+    pool whose threads are all stuck would starve every job without any error)."""
+    health = runtime.health
+    while True:
+        health.beat("event-loop")
+        if runtime.pool is not None:
+            runtime.pool.submit(health.beat, "reconcile-pool")
+        await asyncio.sleep(HEARTBEAT_SECONDS)
 
 
 @kopf.on.cleanup()
 def stop(memo: kopf.Memo, **_: Any) -> None:
     runtime = _runtime(memo)
+    if runtime.heartbeat is not None:
+        runtime.heartbeat.cancel()
     for w in runtime.watchers:
         w.stop()
     if runtime.pool is not None:

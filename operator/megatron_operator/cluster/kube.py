@@ -43,12 +43,22 @@ def _rejected(exc: ApiException) -> Rejected:
     return Rejected(message[:2000])
 
 
+# Client-side timeouts (connect, read) of every call: without them a half-open connection (an
+# apiserver that died mid-request, a dropped packet) hangs a reconcile thread forever, and with
+# 32 of them the operator stops without any error.
+CALL_TIMEOUT = (5.0, 30.0)
+# A watch's read timeout: the server ends a watch after `timeout` seconds, and bookmarks arrive
+# about once a minute, so a stream silent for longer than this is dead.
+WATCH_READ_SLACK = 90.0
+
+
 def _call(method: Any, *args: Any, **kwargs: Any) -> bytes:
     """Call an API method for its raw bytes, and give the connection back to the pool.
 
     Raw bytes skip the client's model deserialisation. With `_preload_content=False` urllib3
     keeps the connection checked out until released: without the release every call opened a
     new TLS connection, and the handshakes capped pod creation at ~30 pods/s."""
+    kwargs.setdefault("_request_timeout", CALL_TIMEOUT)
     resp = method(*args, _preload_content=False, **kwargs)
     try:
         return bytes(resp.data)
@@ -173,6 +183,17 @@ class Kube:
             return self.core.list_pod_for_all_namespaces(**kw)
         return self.core.list_namespaced_pod(namespace, **kw)
 
+    def list_all_pods(self, namespace: str | None) -> tuple[list[Obj], str | None]:
+        """Every pod with our job label (in one namespace or all), and the version to watch
+        from."""
+        selector = LABEL_JOB_NAME
+        if namespace is None:
+            doc = _json(self.core.list_pod_for_all_namespaces, label_selector=selector)
+        else:
+            doc = _json(self.core.list_namespaced_pod, namespace, label_selector=selector)
+        version = (doc.get("metadata") or {}).get("resourceVersion")
+        return list(doc.get("items") or []), str(version) if version else None
+
     def list_nodes(self) -> tuple[list[Obj], str | None]:
         """Every node, and the resourceVersion to watch from."""
         doc = _json(self.core.list_node)
@@ -189,6 +210,7 @@ class Kube:
             "allow_watch_bookmarks": True,
             "timeout_seconds": timeout,
             "_preload_content": False,
+            "_request_timeout": (CALL_TIMEOUT[0], WATCH_READ_SLACK),
         }
         if version:
             kw["resource_version"] = version

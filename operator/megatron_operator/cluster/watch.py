@@ -168,12 +168,19 @@ def pod_watchers(
         if job and meta.get("namespace"):
             wake(meta["namespace"], job)
 
-    def starter(namespace: str | None) -> Callable[[str | None], Any]:
-        return lambda version: kube.watch_pods(namespace, version, WATCH_SECONDS)
+    def watcher(name: str, namespace: str | None) -> Watcher:
+        # Listed first, like the nodes: `synced` then means every existing pod was seen, which
+        # the readiness probe reports.
+        return Watcher(
+            name,
+            lambda version: kube.watch_pods(namespace, version, WATCH_SECONDS),
+            handle,
+            list_all=lambda: kube.list_all_pods(namespace),
+        )
 
     if not namespaces:
-        return [Watcher("pods", starter(None), handle)]
-    return [Watcher(f"pods/{ns}", starter(ns), handle) for ns in namespaces]
+        return [watcher("pods", None)]
+    return [watcher(f"pods/{ns}", ns) for ns in namespaces]
 
 
 def node_watcher(kube: Kube, readiness: NodeReadiness) -> Watcher:

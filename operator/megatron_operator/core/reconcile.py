@@ -61,6 +61,9 @@ class World:
     accepted_spec: Mapping[str, Any] | None = None  # the spec the current attempt runs
     # The apiserver refused the objects rendered from this spec (a 422), with its message.
     rejection: str | None = None
+    # The apiserver's message while it keeps refusing the job's objects (403, throttling, 5xx);
+    # the shell keeps it until a creation goes through.
+    refusal: str | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,7 @@ class _Machine:
             self.invalid(errors)
             return self.done()
         self.st.observed_generation = self.generation
+        self.refused()
         self.st.layout = p.layout_string()
         self.st.gpus = p.gpus
         self.st.world_size = p.world_size
@@ -186,6 +190,20 @@ class _Machine:
         if self.st.phase in (Phase.SUCCEEDED, Phase.FAILED):
             self.ttl(job)  # it just finished: schedule the TTL now, not at the next resync
         return self.done()
+
+    def refused(self) -> None:
+        """Show the apiserver's refusal on the job, and clear it once creation goes through."""
+        refusal = self.w.refusal
+        if refusal is not None:
+            before = next(
+                (c.get("message") for c in self.st.conditions if c.get("type") == C.CREATE_FAILURE),
+                None,
+            )
+            self.cond(C.CREATE_FAILURE, True, Reason.FAILED_CREATE, refusal)
+            if before != refusal:
+                self.event(EventType.WARNING, Reason.FAILED_CREATE, refusal)
+        elif reason_of(self.st.conditions, C.CREATE_FAILURE) == Reason.FAILED_CREATE:
+            self.cond(C.CREATE_FAILURE, False, Reason.CREATED, "the apiserver accepted the objects")
 
     def invalid(self, errors: list[FieldError]) -> None:
         message = "; ".join(str(e) for e in errors)[:4000]
