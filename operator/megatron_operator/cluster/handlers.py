@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -94,16 +95,19 @@ def run(runtime: Runtime) -> bool:
                 return True  # stopped while standing by
         finally:
             _restore(signals)
-        elector.keep(stop, on_lost=stop.set)
+        # Losing the Lease stops kopf the way SIGTERM does. (kopf's `stop_flag` would do it
+        # too, but a threading.Event flag parks a thread in asyncio's default executor, and
+        # the loop's shutdown then waits for it forever.)
+        elector.keep(stop, on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM))
     try:
         kopf.run(
             clusterwide=not runtime.namespaces,
             namespaces=list(runtime.namespaces),
             standalone=True,
             memo=kopf.Memo(runtime=runtime),
-            stop_flag=stop,
         )
     finally:
+        stop.set()  # ends the renewal thread before the Lease is handed back
         if elector is not None and not elector.lost.is_set():
             elector.release()
     return elector is None or not elector.lost.is_set()
