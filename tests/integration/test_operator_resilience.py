@@ -152,7 +152,10 @@ def test_operator_restarts_at_1024_nodes_restart_no_job(
     """5 operator restarts (SIGKILL, then start) while 20 two-pod jobs run on 1,024 nodes:
     no job restarts and no pod is deleted. At 64 nodes the node watch won the race anyway, so
     the old bug only showed at this size."""
-    big: Cluster = cluster_factory(nodes=1024, gpus_per_node=8, kueue=False)
+    # 1,024 kwok nodes take minutes to register on 2 busy cores.
+    big: Cluster = cluster_factory(
+        nodes=1024, gpus_per_node=8, kueue=False, extra_args=("--timeout", "900")
+    )
     ns = "restarts"
     big.kubectl("create", "namespace", ns)
     big.wait(
