@@ -31,6 +31,7 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     PODS_SCHEDULED = "PodsScheduled"
+    CHILDREN_OWNED = "ChildrenOwned"  # False: an object with a child's name is someone else's
 
 
 class Reason(StrEnum):
@@ -51,6 +52,9 @@ class Reason(StrEnum):
     FAILURE_POLICY = "FailurePolicy"
     UNSCHEDULABLE = "Unschedulable"
     ALL_PODS_SCHEDULED = "AllPodsScheduled"
+    CHILD_CONFLICT = "ChildConflict"  # an object with a child's name is not controlled by the job
+    CHILDREN_CREATED = "ChildrenCreated"  # the conflict is gone: every child is the job's own
+    BAD_JOB_DATA = "BadJobData"  # the job's status or numbers cannot be processed
 
 
 class EventType(StrEnum):
@@ -122,3 +126,9 @@ class MegatronJobStatus(ApiModel):
         None, description="While Restarting: when the next attempt starts (after backoff)."
     )
     workload: str | None = Field(None, description="Kueue Workload name, when queued.")
+    uncounted_restart_times: list[str] | None = Field(
+        None,
+        max_length=1000,
+        description="When the restarts not counted toward maxRestarts happened in the last hour "
+        "(RFC 3339): past the operator's hourly cap, such restarts count.",
+    )

@@ -29,6 +29,13 @@ def register(sub: Any) -> None:
         default=30.0,
         help="how long a node may be NotReady before its pods count as lost",
     )
+    p.add_argument(
+        "--network-policy",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="give each job a NetworkPolicy admitting only its own pods (needs a network plugin "
+        "that enforces NetworkPolicies, and the RBAC to create them); default: off",
+    )
     p.add_argument("--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_operator)
 
@@ -54,7 +61,9 @@ def cmd_operator(args: argparse.Namespace) -> int:
     metrics = Metrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port)
-    settings = Settings(node_lost_grace_seconds=args.node_lost_grace_seconds)
+    settings = Settings(
+        node_lost_grace_seconds=args.node_lost_grace_seconds, network_policy=args.network_policy
+    )
     controller = Controller(Kube.connect(workers=args.workers), metrics, settings)
     handlers.run(handlers.Runtime(controller=controller, namespaces=tuple(args.namespace)))
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -16,7 +17,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from megatron_operator.cluster.kube import Conflict, Kube, Rejected
+from megatron_operator.cluster.kube import ChildConflict, Conflict, Kube, Rejected
 from megatron_operator.cluster.metrics import Metrics
 from megatron_operator.core.observe import parse_time, pod_view
 from megatron_operator.core.reconcile import Outcome, Settings, World, reconcile
@@ -47,11 +48,14 @@ class Controller:
         self.metrics = metrics
         self.settings = settings or Settings()
 
-    def reconcile_job(self, namespace: str, name: str, nodes: NodeLookup | None = None) -> float:
-        """Reconcile once; returns the seconds until the next reconcile is due."""
+    def reconcile_job(
+        self, namespace: str, name: str, nodes: NodeLookup | None = None, uid: str | None = None
+    ) -> float:
+        """Reconcile once; returns the seconds until the next reconcile is due, or infinity
+        when the job (with this uid, when given) no longer exists."""
         started = time.perf_counter()
         try:
-            return self._reconcile(namespace, name, nodes)
+            return self._reconcile(namespace, name, nodes, uid)
         except Conflict as exc:
             log.info("conflict, observing again: %s", exc)
             return 0.2
@@ -71,11 +75,15 @@ class Controller:
         finally:
             self.metrics.reconcile.observe(time.perf_counter() - started)
 
-    def _reconcile(self, namespace: str, name: str, nodes: NodeLookup | None) -> float:
+    def _reconcile(
+        self, namespace: str, name: str, nodes: NodeLookup | None, uid: str | None
+    ) -> float:
         job = self.kube.get_job(namespace, name)
         if job is None:
             self.metrics.forget(namespace, name)
-            return self.settings.resync_seconds
+            return math.inf
+        if uid is not None and job["metadata"].get("uid") != uid:
+            return math.inf  # deleted and re-created: the new job has its own loop
         if job["metadata"].get("deletionTimestamp"):
             return self.settings.resync_seconds  # the delete handler takes it from here
         raw_pods = self.kube.list_pods(namespace, name)
@@ -105,14 +113,18 @@ class Controller:
         out = reconcile(world, self.settings)
         try:
             self._apply(job, out)
-        except Rejected as exc:
+        except (Rejected, ChildConflict) as exc:
             # Our own status write above moved the resourceVersion: read the job again, and
-            # let the state machine fail it with the apiserver's reason.
-            log.warning("%s/%s: the apiserver rejected its objects: %s", namespace, name, exc)
+            # let the state machine fail or hold it with the apiserver's reason or the conflict.
+            log.warning("%s/%s: its objects cannot be created: %s", namespace, name, exc)
             fresh = self.kube.get_job(namespace, name)
             if fresh is None:
                 return self.settings.resync_seconds
-            out = reconcile(replace(world, job=fresh, rejection=str(exc)), self.settings)
+            if isinstance(exc, Rejected):
+                world = replace(world, job=fresh, rejection=str(exc))
+            else:
+                world = replace(world, job=fresh, conflict=str(exc))
+            out = reconcile(world, self.settings)
             self._apply(fresh, out)
         return out.requeue_after
 
@@ -136,11 +148,12 @@ class Controller:
                 self.metrics.time_to_running.observe((now - created).total_seconds())
         if out.delete_pods:
             log.info("%s/%s: deleting %d pods", namespace, name, len(out.delete_pods))
-            self.kube.delete_pods(namespace, out.delete_pods)
+            self.kube.delete_pods(namespace, out.delete_pods, out.delete_uids)
         if out.create:
             pods = out.create_pods
-            self.kube.ensure_children([o for o in out.create if o["kind"] != "Pod"])
-            made = self.kube.create_pods(pods)
+            uid = meta.get("uid")
+            self.kube.ensure_children([o for o in out.create if o["kind"] != "Pod"], uid)
+            made = self.kube.create_pods(pods, uid)
             attempt = out.status.get("restartAttempt")
             log.info("%s/%s: attempt %s: created %d pods", namespace, name, attempt, made)
         if out.delete_job:
