@@ -509,7 +509,8 @@ class FailureRule(ApiModel):
     """One failure rule: the first matching rule decides what a pod failure does."""
 
     action: FailureAction = Field(
-        description="Restart (counts toward maxRestarts), RestartNotCounted, or Fail."
+        description="Restart (counts toward maxRestarts), RestartNotCounted (counts too once a "
+        "job had 10 uncounted restarts in the last hour), or Fail."
     )
     exit_codes: list[Annotated[int, Field(ge=0, le=255)]] | None = Field(
         None,
@@ -532,7 +533,9 @@ class RestartPolicySpec(ApiModel):
         3, le=MAX_RESTARTS, description="Counted restarts before the job fails."
     )
     backoff_seconds: Seconds = Field(
-        10, description="Wait before attempt k+1: backoffSeconds · 2^k, capped." + _DAYS
+        10,
+        description="Wait before attempt k+1: backoffSeconds · 2^k, capped, and never under 1 s "
+        "(the operator's restart-loop floor)." + _DAYS,
     )
     max_backoff_seconds: Seconds = Field(300, description="Cap on the backoff." + _DAYS)
     hang_timeout_seconds: Seconds = Field(

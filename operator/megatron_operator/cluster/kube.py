@@ -1,8 +1,10 @@
 """The only module that talks to the Kubernetes API (besides kopf's own watching).
 
 It moves raw JSON: reads skip the client's model deserialisation (slow for thousand-pod lists)
-and writes send plain dicts. Creation is get-or-create (409 is success) and deletion treats 404 as
-done, so every call is idempotent. Pods are created and deleted from a thread pool: a gang of
+and writes send plain dicts. Creation is get-or-create: a 409 is success only when the existing
+object's controller ownerReference is the job (core/ownership.py; ChildConflict otherwise).
+Deletion carries the object's uid as a precondition and treats 404 and 409 as done, so every
+call is idempotent and never removes an object other than the one observed. Pods are created and deleted from a thread pool: a gang of
 1,024 pods goes out concurrently rather than one request at a time.
 """
 
