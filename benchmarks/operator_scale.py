@@ -199,7 +199,7 @@ def failure_to_recreated(b: Bench, ns: str, nodes: int) -> float:
         [
             str(DRIVER),
             "fail-pod",
-            f"{ns}/{name}-0",
+            f"{ns}/{name}-a0-0",
             "--exit-code",
             "1",
             "--no-wait",

@@ -72,7 +72,9 @@ def test_cpu_and_llama70b_examples_run(cluster: Cluster, namespace: str, operato
             30,
             what=f"{name} PVC bound",
         )
-        assert pvc["metadata"]["ownerReferences"][0]["kind"] == "MegatronJob"
+        # retained by default (docs/security.md): no ownerReference, the job's labels
+        assert "ownerReferences" not in pvc["metadata"]
+        assert pvc["metadata"]["labels"]["megatron.dev/job-name"] == name
 
     st = wait_phase(cluster, ns, "llama3-70b", "Running")
     assert st["layout"] == "TP4·PP2·VPP5·DP4"
@@ -111,7 +113,7 @@ def test_one_failure_restarts_the_whole_gang(
     uids = {p["metadata"]["uid"] for p in first}
     wait_phase(cluster, ns, "gang", "Running")
     failed_at = time.monotonic()
-    cluster.fail_pod(ns, "gang-1", exit_code=1, wait=False)
+    cluster.fail_pod(ns, "gang-a0-1", exit_code=1, wait=False)
     st = wait_phase(cluster, ns, "gang", "Restarting", timeout=30)
     restarting = condition(st, "Restarting")
     assert restarting is not None and restarting["status"] == "True"
@@ -120,13 +122,16 @@ def test_one_failure_restarts_the_whole_gang(
     second = wait_pods(cluster, ns, "gang", 3, attempt=1, timeout=60)
     assert time.monotonic() - failed_at >= 4  # the backoff (after the old pods were gone)
     assert not uids & {p["metadata"]["uid"] for p in second}  # every pod replaced
+    # each attempt's pods are new objects with new names, and the same hostnames
+    assert sorted(p["metadata"]["name"] for p in second) == ["gang-a1-0", "gang-a1-1", "gang-a1-2"]
+    assert sorted(p["spec"]["hostname"] for p in second) == ["gang-0", "gang-1", "gang-2"]
     wait_pods(cluster, ns, "gang", 3, phase="Running", attempt=1, timeout=60)
     st = wait_phase(cluster, ns, "gang", "Running")
-    assert st["lastFailure"]["pod"] == "gang-1"
+    assert st["lastFailure"]["pod"] == "gang-a0-1"
     assert st["lastFailure"]["exitCode"] == 1
     assert condition(st, "Restarting")["status"] == "False"  # type: ignore[index]
     warnings = [e for e in events(cluster, ns, "gang") if e["type"] == "Warning"]
-    assert any(e["reason"] == "Restarting" and "gang-1" in e["message"] for e in warnings)
+    assert any(e["reason"] == "Restarting" and "gang-a0-1" in e["message"] for e in warnings)
     assert 'megatronjob_restarts_total{name="gang"' in operator.metrics()
 
 
@@ -137,7 +142,7 @@ def test_past_max_restarts_fails_and_frees_gpus(
     cluster.apply(tiny_gpu_job("flaky", nodes=2, restartPolicy={"maxRestarts": 1}), ns)
     for attempt in (0, 1):
         wait_pods(cluster, ns, "flaky", 2, phase="Running", attempt=attempt, timeout=60)
-        cluster.fail_pod(ns, "flaky-0", exit_code=3, wait=False)
+        cluster.fail_pod(ns, f"flaky-a{attempt}-0", exit_code=3, wait=False)
     st = wait_phase(cluster, ns, "flaky", "Failed")
     assert condition(st, "Failed")["reason"] == "MaxRestartsExceeded"  # type: ignore[index]
     cluster.wait(lambda: pods(cluster, ns, "flaky") == [], 60, what="no pod of the job left")
@@ -149,7 +154,7 @@ def test_fail_rule_fails_at_once(cluster: Cluster, namespace: str, operator: Op)
     rules = [{"action": "Fail", "exitCodes": [42]}]
     cluster.apply(tiny_gpu_job("strict", nodes=2, restartPolicy={"rules": rules}), ns)
     wait_pods(cluster, ns, "strict", 2, phase="Running")
-    cluster.fail_pod(ns, "strict-1", exit_code=42, wait=False)
+    cluster.fail_pod(ns, "strict-a0-1", exit_code=42, wait=False)
     st = wait_phase(cluster, ns, "strict", "Failed")
     assert st["restarts"] == 0
     assert st["lastFailure"]["exitCode"] == 42
@@ -163,7 +168,7 @@ def test_config_error_exit_code_fails_without_retry(
     ns = namespace
     cluster.apply(tiny_gpu_job("badcfg", nodes=1), ns)
     wait_pods(cluster, ns, "badcfg", 1, phase="Running")
-    cluster.fail_pod(ns, "badcfg-0", exit_code=78, wait=False)
+    cluster.fail_pod(ns, "badcfg-a0-0", exit_code=78, wait=False)
     st = wait_phase(cluster, ns, "badcfg", "Failed")
     assert st["restarts"] == 0
 
@@ -173,7 +178,7 @@ def test_eviction_restarts_without_counting(cluster: Cluster, namespace: str, op
     cluster.apply(tiny_gpu_job("evicted", nodes=2), ns)
     wait_pods(cluster, ns, "evicted", 2, phase="Running", attempt=0)
     wait_phase(cluster, ns, "evicted", "Running")
-    cluster.evict_pod(ns, "evicted-0")
+    cluster.evict_pod(ns, "evicted-a0-0")
     wait_pods(cluster, ns, "evicted", 2, phase="Running", attempt=1, timeout=60)
     st = status(cluster, ns, "evicted")
     assert (st["restarts"], st["restartsCounted"]) == (1, 0)
@@ -224,7 +229,7 @@ def test_progress_is_copied_and_staleness_restarts_with_hang(
     wait_phase(cluster, ns, "hang", "Running")
     # Fresh progress keeps it alive well past the timeout.
     for i in range(6):
-        _annotate_progress(cluster, ns, "hang-0", 10 + i, datetime.now(UTC))
+        _annotate_progress(cluster, ns, "hang-a0-0", 10 + i, datetime.now(UTC))
         time.sleep(2)
     st = status(cluster, ns, "hang")
     assert st["phase"] == "Running" and st["restarts"] == 0
@@ -232,7 +237,7 @@ def test_progress_is_copied_and_staleness_restarts_with_hang(
     assert st["progressSummary"].startswith("15/100")
     assert "15/100" in cluster.kubectl("get", "mj", "-n", ns, "hang").stdout
     # A stale report: the job restarts with reason Hang once the timeout passes.
-    _annotate_progress(cluster, ns, "hang-0", 16, datetime.now(UTC) - timedelta(hours=1))
+    _annotate_progress(cluster, ns, "hang-a0-0", 16, datetime.now(UTC) - timedelta(hours=1))
     wait_pods(cluster, ns, "hang", 2, attempt=1, timeout=60)
     st = status(cluster, ns, "hang")
     assert st["lastFailure"]["reason"] == "Hang"
@@ -287,10 +292,10 @@ def test_success_when_every_pod_exits_zero(cluster: Cluster, namespace: str, ope
     ns = namespace
     cluster.apply(tiny_gpu_job("done", nodes=2, ttlSecondsAfterFinished=3), ns)
     wait_pods(cluster, ns, "done", 2, phase="Running")
-    cluster.complete_pod(ns, "done-0")
+    cluster.complete_pod(ns, "done-a0-0")
     time.sleep(1)
     assert status(cluster, ns, "done")["phase"] in ("Running", "Pending")  # one rank is not all
-    cluster.complete_pod(ns, "done-1")
+    cluster.complete_pod(ns, "done-a0-1")
     st = wait_phase(cluster, ns, "done", "Succeeded")
     assert condition(st, "Succeeded")["status"] == "True"  # type: ignore[index]
     cluster.wait(
@@ -326,15 +331,15 @@ def test_trainer_rbac_is_its_own_pods_only(cluster: Cluster, namespace: str, ope
         proc = cluster.kubectl("auth", "can-i", *args, f"--as={sa}", check=False)
         return proc.stdout.strip()
 
-    assert can("patch", "pods/rbac-0", "-n", ns) == "yes"
-    assert can("patch", "pods/rbac-1", "-n", ns) == "yes"
-    assert can("get", "pods/rbac-0", "-n", ns) == "yes"
-    assert can("patch", "pods/other-0", "-n", ns) == "no"
-    assert can("delete", "pods/rbac-0", "-n", ns) == "no"
+    assert can("patch", "pods/rbac-a0-0", "-n", ns) == "yes"
+    assert can("patch", "pods/rbac-a0-1", "-n", ns) == "yes"
+    assert can("get", "pods/rbac-a0-0", "-n", ns) == "yes"
+    assert can("patch", "pods/other-a0-0", "-n", ns) == "no"
+    assert can("delete", "pods/rbac-a0-0", "-n", ns) == "no"
     assert can("create", "pods", "-n", ns) == "no"
     assert can("list", "pods", "-n", ns) == "no"
     assert can("get", "secrets", "-n", ns) == "no"
-    assert can("patch", "pods/rbac-0", "-n", "default") == "no"
+    assert can("patch", "pods/rbac-a0-0", "-n", "default") == "no"
     assert can("patch", "megatronjobs/rbac", "-n", ns) == "no"
     # and it really works: patch the annotation as the trainer would
     cluster.kubectl(
@@ -342,7 +347,7 @@ def test_trainer_rbac_is_its_own_pods_only(cluster: Cluster, namespace: str, ope
         "pod",
         "-n",
         ns,
-        "rbac-0",
+        "rbac-a0-0",
         "--overwrite",
         f"--as={sa}",
         "megatron.dev/progress={}",
@@ -356,7 +361,8 @@ def test_job_body_keeps_no_kopf_state_in_status(
     wait_phase(cluster, namespace, "clean", "Running", timeout=60)
     body = job(cluster, namespace, "clean")
     assert "kopf" not in body.get("status", {})
-    assert "megatron.dev/cleanup" in body["metadata"]["finalizers"]
+    # no finalizer: deleting the job never waits for the operator (docs/security.md)
+    assert not body["metadata"].get("finalizers")
 
 
 def test_pods_the_apiserver_rejects_fail_the_job_not_loop(

@@ -37,7 +37,7 @@ def test_killed_mid_creation_converges_to_one_attempt(
         attempts = {p["metadata"]["labels"]["megatron.dev/restart-attempt"] for p in created}
         names = sorted(p["metadata"]["name"] for p in created)
         assert attempts == {"0"}
-        assert names == sorted(f"wide-{i}" for i in range(64))
+        assert names == sorted(f"wide-a0-{i}" for i in range(64))
         cluster.wait(
             lambda: status(cluster, namespace, "wide").get("launchedAttempt") == 0,
             30,

@@ -33,7 +33,7 @@ def test_watches_only_its_namespaces(
         wait_pods(cluster, namespace, "mine", 1, phase="Running")
         wait_phase(cluster, namespace, "mine", "Running")
         # The pod watch is namespaced too: a failure is seen and restarts the gang.
-        cluster.fail_pod(namespace, "mine-0", exit_code=1, wait=False)
+        cluster.fail_pod(namespace, "mine-a0-0", exit_code=1, wait=False)
         wait_pods(cluster, namespace, "mine", 1, phase="Running", attempt=1, timeout=60)
         time.sleep(2)
         assert status(cluster, other_namespace, "theirs") == {}

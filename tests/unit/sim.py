@@ -16,6 +16,7 @@ from typing import Any
 
 from megatron_contract.paths import PROGRESS_ANNOTATION as ANNOTATION_PROGRESS
 from megatron_operator.core.observe import format_time, pod_view
+from megatron_operator.core.policy import MIN_BACKOFF_SECONDS
 from megatron_operator.core.reconcile import Outcome, Settings, World, reconcile
 
 T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
@@ -59,15 +60,18 @@ class Sim:
             name = obj["metadata"]["name"]
             assert name not in self.pods, f"duplicate create of {name}"
             obj["status"] = {"phase": "Pending"}
+            obj["metadata"]["uid"] = f"pod-uid-{self.created}"  # as the apiserver assigns
             self.pods[name] = obj
             self.created += 1
         return out
 
     def settle(self, steps: int = 6) -> None:
-        """Reconcile repeatedly, finishing deletions in between (kwok's pod-delete stage)."""
+        """Reconcile repeatedly, finishing deletions in between (kwok's pod-delete stage), a
+        second apart: the restart-loop floor (core/policy.py) spaces attempts at least that."""
         for _ in range(steps):
             self.step()
             self.finish_deletions()
+            self.tick(MIN_BACKOFF_SECONDS)
 
     def finish_deletions(self) -> None:
         for name in [n for n, p in self.pods.items() if p["metadata"].get("deletionTimestamp")]:

@@ -7,7 +7,15 @@ from typing import Any
 import pytest
 
 from megatron_operator.api.spec import RestartPolicySpec
-from megatron_operator.core.policy import Failure, backoff_seconds, decide, first_failure, match
+from megatron_operator.core.policy import (
+    MAX_UNCOUNTED_PER_HOUR,
+    MIN_BACKOFF_SECONDS,
+    Failure,
+    backoff_seconds,
+    decide,
+    first_failure,
+    match,
+)
 
 
 def _policy(**kw: Any) -> RestartPolicySpec:
@@ -73,8 +81,35 @@ def test_backoff_doubles_and_caps(restarts: int, expected: float) -> None:
     assert backoff_seconds(policy, restarts) == expected
 
 
-def test_backoff_zero() -> None:
-    assert backoff_seconds(_policy(backoffSeconds=0, maxBackoffSeconds=0), 7) == 0.0
+def test_backoff_zero_still_has_the_restart_loop_floor() -> None:
+    assert MIN_BACKOFF_SECONDS > 0
+    assert backoff_seconds(_policy(backoffSeconds=0, maxBackoffSeconds=0), 7) == MIN_BACKOFF_SECONDS
+    assert backoff_seconds(_policy(backoffSeconds=0, maxBackoffSeconds=0), 0) == MIN_BACKOFF_SECONDS
+
+
+@pytest.mark.parametrize(
+    ("failure", "recent", "counted"),
+    [
+        (Failure("NodeLost"), 0, False),
+        (Failure("NodeLost"), MAX_UNCOUNTED_PER_HOUR - 1, False),
+        (Failure("NodeLost"), MAX_UNCOUNTED_PER_HOUR, True),
+        (Failure("Evicted"), MAX_UNCOUNTED_PER_HOUR + 5, True),
+        (Failure("Error", 143), MAX_UNCOUNTED_PER_HOUR, True),
+        (Failure("Error", 1), 0, True),  # counted anyway
+    ],
+)
+def test_uncounted_restarts_count_past_the_hourly_cap(
+    failure: Failure, recent: int, counted: bool
+) -> None:
+    decision = decide(failure, _policy(maxRestarts=3), 0, recent)
+    assert (decision.action, decision.counted) == ("Restart", counted)
+    if counted and recent:
+        assert "uncounted restarts in the last hour" in decision.message
+
+
+def test_the_hourly_cap_uses_up_max_restarts() -> None:
+    decision = decide(Failure("NodeLost"), _policy(maxRestarts=2), 2, MAX_UNCOUNTED_PER_HOUR)
+    assert decision.action == "Fail" and decision.counted
 
 
 def test_first_failure_blames_the_cause() -> None:

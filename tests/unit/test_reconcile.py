@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megatron_operator.core.reconcile import World, reconcile
+from megatron_operator.core.observe import format_time
+from megatron_operator.core.policy import MAX_UNCOUNTED_PER_HOUR
+from megatron_operator.core.reconcile import Settings, World, reconcile
 
 from .sim import T0, Sim
 from .specs import job_doc, spec_of
@@ -30,7 +35,7 @@ def _running(sim: Sim) -> None:
 def test_create_then_running() -> None:
     sim = _sim()
     sim.step()
-    assert sorted(sim.pods) == ["job-0", "job-1", "job-2", "job-3"]
+    assert sorted(sim.pods) == ["job-a0-0", "job-a0-1", "job-a0-2", "job-a0-3"]
     assert sim.status["phase"] == "Pending"
     assert sim.status["layout"] == "DP32"
     sim.step()
@@ -45,7 +50,7 @@ def test_create_then_running() -> None:
 def test_gang_restart_after_backoff() -> None:
     sim = _sim({"restartPolicy": {"backoffSeconds": 10, "maxBackoffSeconds": 60}})
     _running(sim)
-    sim.fail("job-2", exit_code=1)
+    sim.fail("job-a0-2", exit_code=1)
     out = sim.step()
     st = sim.status
     assert (st["phase"], st["restarts"], st["restartsCounted"], st["restartAttempt"]) == (
@@ -54,15 +59,15 @@ def test_gang_restart_after_backoff() -> None:
         1,
         1,
     )
-    # every pod of the attempt goes, the failed one too: the next attempt reuses the names
-    assert sorted(out.delete_pods) == ["job-0", "job-1", "job-2", "job-3"]
-    assert st["lastFailure"]["pod"] == "job-2" and st["lastFailure"]["exitCode"] == 1
+    # every pod of the attempt goes, the failed one too
+    assert sorted(out.delete_pods) == ["job-a0-0", "job-a0-1", "job-a0-2", "job-a0-3"]
+    assert st["lastFailure"]["pod"] == "job-a0-2" and st["lastFailure"]["exitCode"] == 1
     assert any(c["type"] == "Restarting" and c["status"] == "True" for c in st["conditions"])
     assert any(reason == "Restarting" for reason, _ in sim.events)
     sim.finish_deletions()
     assert sim.pods == {}
     sim.step()  # all gone: the backoff starts now
-    assert sim.status["restartAt"] == "2026-11-22T12:00:10Z"
+    assert sim.status["restartAt"] == format_time(sim.now + timedelta(seconds=10))
     assert sim.pods == {}
     sim.tick(9)
     sim.step()
@@ -76,12 +81,12 @@ def test_gang_restart_after_backoff() -> None:
 def test_max_restarts_fails_and_frees_every_gpu() -> None:
     sim = _sim({"restartPolicy": {"maxRestarts": 1, "backoffSeconds": 0, "maxBackoffSeconds": 0}})
     _running(sim)
-    sim.fail("job-0")
+    sim.fail("job-a0-0")
     sim.settle()
     sim.run_all()
     sim.step()
     assert sim.status["phase"] == "Running" and sim.attempts() == {"1"}
-    sim.fail("job-1")
+    sim.fail("job-a1-1")
     sim.settle()
     assert sim.status["phase"] == "Failed"
     assert sim.pods == {}
@@ -92,7 +97,7 @@ def test_max_restarts_fails_and_frees_every_gpu() -> None:
 def test_config_error_exit_code_fails_without_retry() -> None:
     sim = _sim()
     _running(sim)
-    sim.fail("job-1", exit_code=78)
+    sim.fail("job-a0-1", exit_code=78)
     sim.settle()
     assert sim.status["phase"] == "Failed"
     assert sim.status["restarts"] == 0
@@ -102,7 +107,7 @@ def test_config_error_exit_code_fails_without_retry() -> None:
 def test_disruption_restarts_without_counting() -> None:
     sim = _sim({"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0}})
     _running(sim)
-    sim.disrupt("job-3")
+    sim.disrupt("job-a0-3")
     sim.step()
     assert (sim.status["restarts"], sim.status["restartsCounted"]) == (1, 0)
     assert sim.status["lastFailure"]["reason"] == "DisruptionTarget"
@@ -111,7 +116,7 @@ def test_disruption_restarts_without_counting() -> None:
 def test_node_lost_after_grace() -> None:
     sim = _sim({"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0}})
     _running(sim)
-    node = sim.pods["job-1"]["spec"]["nodeName"]
+    node = sim.pods["job-a0-1"]["spec"]["nodeName"]
     sim.not_ready[node] = sim.now
     out = sim.step()
     assert sim.status["phase"] == "Running"
@@ -214,7 +219,7 @@ def test_operator_crash_while_creating_converges_to_one_attempt() -> None:
 def test_operator_crash_during_restart_counts_once() -> None:
     sim = _sim({"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0}})
     _running(sim)
-    sim.fail("job-0")
+    sim.fail("job-a0-0")
     sim.step()  # status written (restart recorded), but say the deletes were lost:
     for p in sim.pods.values():
         p["metadata"].pop("deletionTimestamp", None)
@@ -226,7 +231,7 @@ def test_operator_crash_during_restart_counts_once() -> None:
 def test_deleted_pod_after_launch_restarts() -> None:
     sim = _sim({"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0}})
     _running(sim)
-    del sim.pods["job-2"]
+    del sim.pods["job-a0-2"]
     sim.step()
     assert sim.status["lastFailure"]["reason"] == "PodDeleted"
 
@@ -295,10 +300,171 @@ def test_a_spec_the_apiserver_rejects_fails_with_its_reason() -> None:
     from dataclasses import replace
 
     sim = _sim()
-    world = replace(sim.world(), rejection='Pod "job-0" is invalid: spec.nodeSelector: bad key')
+    world = replace(sim.world(), rejection='Pod "job-a0-0" is invalid: spec.nodeSelector: bad key')
     out = reconcile(world)
     assert out.status["phase"] == "Failed"
     failed = next(c for c in out.status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "InvalidSpec"
     assert "apiserver rejected" in failed["message"] and "nodeSelector" in failed["message"]
     assert out.create == []
+
+
+# --- per-attempt pods, ownership, the restart floor, bad data (issue 15)
+
+
+def test_each_attempt_has_new_pod_names_and_deletes_carry_uids() -> None:
+    sim = _sim({"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0}})
+    _running(sim)
+    old = {n: p["metadata"]["uid"] for n, p in sim.pods.items()}
+    sim.fail("job-a0-1")
+    out = sim.step()
+    assert sorted(out.delete_pods) == sorted(old)
+    assert out.delete_uids == old  # each delete names the very pod observed
+    sim.finish_deletions()
+    for _ in range(4):
+        sim.tick(1)
+        sim.step()
+    assert sorted(sim.pods) == ["job-a1-0", "job-a1-1", "job-a1-2", "job-a1-3"]
+    hostnames = sorted(p["spec"]["hostname"] for p in sim.pods.values())
+    assert hostnames == ["job-0", "job-1", "job-2", "job-3"]
+
+
+def test_next_attempt_waits_for_live_pods_of_the_older_one() -> None:
+    sim = _sim({"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0}})
+    _running(sim)
+    sim.job["spec"]["suspend"] = True
+    sim.step()
+    sim.job["spec"]["suspend"] = False
+    out = sim.step()  # resumed, but attempt 0's pods still run (terminating): same hostnames
+    assert out.create_pods == []
+    sim.finish_deletions()
+    sim.step()
+    assert sim.attempts() == {"1"} and len(sim.pods) == 4
+
+
+def _foreign_pod(name: str, owner_uid: str | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "uid": "foreign-uid",
+        "labels": {
+            "megatron.dev/job-name": "job",
+            "megatron.dev/restart-attempt": "0",
+            "megatron.dev/node-rank": "0",
+        },
+    }
+    if owner_uid is not None:
+        meta["ownerReferences"] = [{"kind": "X", "name": "x", "uid": owner_uid, "controller": True}]
+    return {"metadata": meta, "spec": {}, "status": {"phase": "Running"}}
+
+
+def test_a_foreign_pod_with_the_jobs_label_is_neither_counted_nor_deleted() -> None:
+    for owner in (None, "someone-else"):
+        sim = _sim()
+        sim.pods["intruder"] = _foreign_pod("intruder", owner)
+        out = sim.step()
+        assert "intruder" not in out.delete_pods
+        assert len(out.create_pods) == 4  # rank 0 is still missing: the intruder is not it
+        sim.run_all()
+        sim.step()
+        sim.step()
+        assert sim.status["phase"] == "Running"
+        sim.job["spec"]["suspend"] = True
+        out = sim.step()
+        assert "intruder" not in out.delete_pods and len(out.delete_pods) == 4
+
+
+def test_a_child_conflict_holds_the_job_with_a_condition_and_one_event() -> None:
+    sim = _sim()
+    conflict = "ConfigMap job-config already exists, with no controller, and is not this job's"
+    for _ in range(3):
+        out = reconcile(replace(sim.world(), conflict=conflict), sim.settings)
+        sim.job["status"] = out.status
+        sim.events += [(e.reason, e.message) for e in out.events]
+        assert out.create == [] and out.requeue_after <= 15.1
+    cond = next(c for c in sim.status["conditions"] if c["type"] == "ChildrenOwned")
+    assert (cond["status"], cond["reason"]) == ("False", "ChildConflict")
+    assert cond["message"].startswith("ConfigMap job-config")
+    assert [r for r, _ in sim.events].count("ChildConflict") == 1
+    assert "launchedAttempt" not in sim.status
+    # the object went away: the next reconcile creates, and the condition clears once launched
+    sim.settle()
+    sim.run_all()
+    sim.step()
+    cond = next(c for c in sim.status["conditions"] if c["type"] == "ChildrenOwned")
+    assert (cond["status"], cond["reason"]) == ("True", "ChildrenCreated")
+    assert sim.status["phase"] == "Running"
+
+
+def test_network_policy_only_when_the_operator_is_told() -> None:
+    kinds = [o["kind"] for o in reconcile(_sim().world()).create]
+    assert "NetworkPolicy" not in kinds
+    sim = _sim()
+    out = reconcile(sim.world(), Settings(network_policy=True))
+    assert [o["kind"] for o in out.create].count("NetworkPolicy") == 1
+
+
+def test_uncounted_restarts_are_recorded_and_count_past_the_cap() -> None:
+    sim = _sim({"restartPolicy": {"maxRestarts": 100, "backoffSeconds": 0, "maxBackoffSeconds": 0}})
+    _running(sim)
+    for i in range(MAX_UNCOUNTED_PER_HOUR + 1):
+        rank0 = next(n for n in sim.pods if n.endswith("-0"))
+        sim.disrupt(rank0)
+        sim.step()
+        sim.finish_deletions()
+        for _ in range(3):
+            sim.tick(1)
+            sim.step()
+        sim.run_all()
+        sim.step()
+        assert sim.status["phase"] == "Running", i
+    st = sim.status
+    assert st["restarts"] == MAX_UNCOUNTED_PER_HOUR + 1
+    assert st["restartsCounted"] == 1  # the 11th within the hour counted
+    assert len(st["uncountedRestartTimes"]) == MAX_UNCOUNTED_PER_HOUR
+    sim.tick(3600)  # an hour later the window is empty again
+    rank0 = next(n for n in sim.pods if n.endswith("-0"))
+    sim.disrupt(rank0)
+    sim.step()
+    assert sim.status["restartsCounted"] == 1
+    assert len(sim.status["uncountedRestartTimes"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("case", "break_it"),
+    [
+        (
+            "progress in year 9999 with a hang timeout",
+            lambda s: (
+                s.job["spec"].setdefault("restartPolicy", {}).update(hangTimeoutSeconds=600),
+                s.report_progress(5, datetime(9999, 12, 31, 23, 59, tzinfo=UTC)),
+            ),
+        ),
+        (
+            "running since year 9999",
+            lambda s: (
+                s.job["spec"].setdefault("restartPolicy", {}).update(hangTimeoutSeconds=600),
+                s.job["status"].update(runningSince="9999-12-31T23:59:59Z"),
+            ),
+        ),
+        (
+            "finished in year 9999 with a TTL",
+            lambda s: (
+                s.job["spec"].update(ttlSecondsAfterFinished=3600),
+                s.job["status"].update(phase="Succeeded", completionTime="9999-12-31T23:59:59Z"),
+            ),
+        ),
+    ],
+)
+def test_bad_job_data_fails_that_job_with_a_condition(case: str, break_it: Any) -> None:
+    sim = _sim()
+    _running(sim)
+    break_it(sim)
+    out = sim.step()  # must not raise
+    st = sim.status
+    assert st["phase"] == "Failed", case
+    failed = next(c for c in st["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "BadJobData" and "cannot process" in failed["message"]
+    assert [e.reason for e in out.events] == ["BadJobData"]
+    assert len(out.delete_pods) == 4  # nothing holds a GPU unwatched
+    again = sim.step()
+    assert again.events == []  # said once, not every reconcile

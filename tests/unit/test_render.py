@@ -65,7 +65,9 @@ def test_one_pod_per_node_with_deterministic_names_and_labels() -> None:
     job = _with_uid(job_of({"resources.nodes": 4}, name="big"))
     objs = render(job, plan(job.spec), attempt=5)
     pods = _pods(objs)
-    assert [p["metadata"]["name"] for p in pods] == ["big-0", "big-1", "big-2", "big-3"]
+    assert [p["metadata"]["name"] for p in pods] == ["big-a5-0", "big-a5-1", "big-a5-2", "big-a5-3"]
+    assert [p["spec"]["hostname"] for p in pods] == ["big-0", "big-1", "big-2", "big-3"]
+    assert {p["spec"]["subdomain"] for p in pods} == {"big"}
     for i, p in enumerate(pods):
         labels = p["metadata"]["labels"]
         assert labels[LABEL_JOB_NAME] == "big"
@@ -143,7 +145,7 @@ def test_trainer_role_allows_patching_only_its_pods() -> None:
         {
             "apiGroups": [""],
             "resources": ["pods"],
-            "resourceNames": ["job-0", "job-1", "job-2"],
+            "resourceNames": ["job-a0-0", "job-a0-1", "job-a0-2"],
             "verbs": ["get", "patch"],
         }
     ]
@@ -179,3 +181,45 @@ def test_ipc_lock_only_for_a_positive_rdma_request(
     caps = pod["spec"]["containers"][0]["securityContext"]["capabilities"]
     assert ("IPC_LOCK" in caps.get("add", [])) == ipc_lock
     assert pod["spec"]["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
+
+
+@pytest.mark.parametrize(("policy", "owned"), [(None, False), ("Retain", False), ("Delete", True)])
+def test_created_claim_is_retained_unless_the_spec_says_delete(
+    policy: str | None, owned: bool
+) -> None:
+    create: dict[str, Any] = {"size": "10Gi"}
+    if policy is not None:
+        create["retentionPolicy"] = {"whenDeleted": policy}
+    job = _with_uid(job_of({"checkpoint.volume": {"create": create}}, name="keep"))
+    claim = next(o for o in render(job, plan(job.spec)) if o["kind"] == "PersistentVolumeClaim")
+    meta = claim["metadata"]
+    assert ("ownerReferences" in meta) is owned
+    # labelled with the job's name and uid either way: a re-created job of this name reuses it
+    assert meta["labels"]["megatron.dev/job-name"] == "keep"
+    assert meta["labels"]["megatron.dev/job-uid"] == job.metadata.uid
+    kubernetes_validate.validate(claim, K8S_VERSION, strict=True)
+
+
+def test_network_policy_admits_only_the_jobs_own_pods() -> None:
+    job = _with_uid(job_of({}, name="iso"))
+    assert not [o for o in render(job, plan(job.spec)) if o["kind"] == "NetworkPolicy"]
+    objs = render(job, plan(job.spec), isolate=True)
+    (policy,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    selector = {"matchLabels": {LABEL_JOB_NAME: "iso"}}
+    assert policy["spec"]["podSelector"] == selector
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": selector}]}]
+    assert policy["metadata"]["ownerReferences"][0]["controller"] is True
+    # every pod carries the label the policy selects
+    for pod in _pods(objs):
+        assert pod["metadata"]["labels"][LABEL_JOB_NAME] == "iso"
+
+
+def test_master_addr_is_the_stable_hostname_of_rank_0() -> None:
+    job = _with_uid(job_of({"resources.nodes": 2}, name="dns", namespace="team"))
+    for attempt in (0, 7):
+        pods = _pods(render(job, plan(job.spec), attempt))
+        env = {e["name"]: e.get("value") for e in pods[1]["spec"]["containers"][0]["env"]}
+        assert env["MASTER_ADDR"] == "dns-0.dns.team.svc"
+        assert pods[0]["spec"]["hostname"] == "dns-0" and pods[0]["spec"]["subdomain"] == "dns"

@@ -379,8 +379,24 @@ class TopologySpec(ApiModel):
 AccessMode = Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"]
 
 
+RetentionAction = Literal["Retain", "Delete"]
+
+
+class PvcRetentionPolicy(ApiModel):
+    """What happens to a created claim when its job goes (as StatefulSet's
+    persistentVolumeClaimRetentionPolicy)."""
+
+    when_deleted: RetentionAction = Field(
+        "Retain",
+        description="Retain: the claim outlives the job (no ownerReference; labelled with the "
+        "job's name and uid), and a job re-created with the same name resumes from it. Delete: "
+        "the garbage collector deletes it with the job (e.g. after ttlSecondsAfterFinished).",
+    )
+
+
 class PvcCreate(ApiModel):
-    """A PersistentVolumeClaim the operator creates (and deletes with the job)."""
+    """A PersistentVolumeClaim the operator creates (kept after the job unless
+    retentionPolicy.whenDeleted is Delete)."""
 
     storage_class_name: DnsSubdomain | None = Field(
         None, description="StorageClass; unset: the default."
@@ -391,6 +407,10 @@ class PvcCreate(ApiModel):
         min_length=1,
         max_length=3,
         description="Access modes; multi-node jobs need ReadWriteMany.",
+    )
+    retention_policy: PvcRetentionPolicy = Field(
+        default_factory=PvcRetentionPolicy,
+        description="Whether the claim (the job's checkpoints) outlives the job; default: Retain.",
     )
 
 
@@ -489,7 +509,8 @@ class FailureRule(ApiModel):
     """One failure rule: the first matching rule decides what a pod failure does."""
 
     action: FailureAction = Field(
-        description="Restart (counts toward maxRestarts), RestartNotCounted, or Fail."
+        description="Restart (counts toward maxRestarts), RestartNotCounted (counts too once a "
+        "job had 10 uncounted restarts in the last hour), or Fail."
     )
     exit_codes: list[Annotated[int, Field(ge=0, le=255)]] | None = Field(
         None,
@@ -512,7 +533,9 @@ class RestartPolicySpec(ApiModel):
         3, le=MAX_RESTARTS, description="Counted restarts before the job fails."
     )
     backoff_seconds: Seconds = Field(
-        10, description="Wait before attempt k+1: backoffSeconds · 2^k, capped." + _DAYS
+        10,
+        description="Wait before attempt k+1: backoffSeconds · 2^k, capped, and never under 1 s "
+        "(the operator's restart-loop floor)." + _DAYS,
     )
     max_backoff_seconds: Seconds = Field(300, description="Cap on the backoff." + _DAYS)
     hang_timeout_seconds: Seconds = Field(

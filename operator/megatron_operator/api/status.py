@@ -34,6 +34,7 @@ class ConditionType(StrEnum):
     # True while the apiserver refuses the job's objects (RBAC, Pod Security, a ResourceQuota),
     # as a Deployment's ReplicaFailure: the message is the apiserver's own.
     CREATE_FAILURE = "CreateFailure"
+    CHILDREN_OWNED = "ChildrenOwned"  # False: an object with a child's name is someone else's
 
 
 class Reason(StrEnum):
@@ -55,6 +56,9 @@ class Reason(StrEnum):
     UNSCHEDULABLE = "Unschedulable"
     ALL_PODS_SCHEDULED = "AllPodsScheduled"
     FAILED_CREATE = "FailedCreate"
+    CHILD_CONFLICT = "ChildConflict"  # an object with a child's name is not controlled by the job
+    CHILDREN_CREATED = "ChildrenCreated"  # the conflict is gone: every child is the job's own
+    BAD_JOB_DATA = "BadJobData"  # the job's status or numbers cannot be processed
 
 
 class EventType(StrEnum):
@@ -126,3 +130,9 @@ class MegatronJobStatus(ApiModel):
         None, description="While Restarting: when the next attempt starts (after backoff)."
     )
     workload: str | None = Field(None, description="Kueue Workload name, when queued.")
+    uncounted_restart_times: list[str] | None = Field(
+        None,
+        max_length=1000,
+        description="When the restarts not counted toward maxRestarts happened in the last hour "
+        "(RFC 3339): past the operator's hourly cap, such restarts count.",
+    )

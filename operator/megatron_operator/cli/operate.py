@@ -49,6 +49,13 @@ def register(sub: Any) -> None:
         metavar="NAME",
         help="name of the leader Lease",
     )
+    p.add_argument(
+        "--network-policy",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="give each job a NetworkPolicy admitting only its own pods (needs a network plugin "
+        "that enforces NetworkPolicies, and the RBAC to create them); default: off",
+    )
     p.add_argument("--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_operator)
 
@@ -80,7 +87,9 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from megatron_operator.core.reconcile import Settings
 
     metrics = Metrics()
-    settings = Settings(node_lost_grace_seconds=args.node_lost_grace_seconds)
+    settings = Settings(
+        node_lost_grace_seconds=args.node_lost_grace_seconds, network_policy=args.network_policy
+    )
     kube = Kube.connect(workers=args.workers)
     controller = Controller(kube, metrics, settings)
     runtime = handlers.Runtime(controller=controller, namespaces=tuple(args.namespace))

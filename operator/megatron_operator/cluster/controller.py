@@ -7,6 +7,7 @@ that makes a crash at any point safe (see reconcile.py): status, events, deletes
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -17,7 +18,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from megatron_operator.cluster.errors import ApiError, ErrorKind, classify
-from megatron_operator.cluster.kube import Conflict, Kube, Rejected
+from megatron_operator.cluster.kube import ChildConflict, Conflict, Kube, Rejected
 from megatron_operator.cluster.metrics import Metrics
 from megatron_operator.core.backoff import Backoff
 from megatron_operator.core.observe import parse_time, pod_view
@@ -61,12 +62,15 @@ class Controller:
             registry=metrics.registry,
         )
 
-    def reconcile_job(self, namespace: str, name: str, nodes: NodeLookup | None = None) -> float:
-        """Reconcile once; returns the seconds until the next reconcile is due."""
+    def reconcile_job(
+        self, namespace: str, name: str, nodes: NodeLookup | None = None, uid: str | None = None
+    ) -> float:
+        """Reconcile once; returns the seconds until the next reconcile is due, or infinity
+        when the job (with this uid, when given) no longer exists."""
         key = (namespace, name)
         started = time.perf_counter()
         try:
-            delay = self._reconcile(namespace, name, nodes)
+            delay = self._reconcile(namespace, name, nodes, uid)
             self.failures.pop(key, None)
             return delay
         except Conflict as exc:
@@ -146,11 +150,17 @@ class Controller:
             refusal=self.refusals.get((str(meta["namespace"]), str(meta["name"]))),
         )
 
-    def _reconcile(self, namespace: str, name: str, nodes: NodeLookup | None) -> float:
+    def _reconcile(
+        self, namespace: str, name: str, nodes: NodeLookup | None, uid: str | None
+    ) -> float:
         job = self.kube.get_job(namespace, name)
         if job is None:
             self.metrics.forget(namespace, name)
-            return self.settings.resync_seconds
+            self.failures.pop((namespace, name), None)
+            self.refusals.pop((namespace, name), None)
+            return math.inf
+        if uid is not None and job["metadata"].get("uid") != uid:
+            return math.inf  # deleted and re-created: the new job has its own loop
         if job["metadata"].get("deletionTimestamp"):
             return self.settings.resync_seconds  # the delete handler takes it from here
         raw_pods = self.kube.list_pods(namespace, name)
@@ -162,14 +172,18 @@ class Controller:
         out = reconcile(world, self.settings)
         try:
             self._apply(job, out)
-        except Rejected as exc:
+        except (Rejected, ChildConflict) as exc:
             # Our own status write above moved the resourceVersion: read the job again, and
-            # let the state machine fail it with the apiserver's reason.
-            log.warning("%s/%s: the apiserver rejected its objects: %s", namespace, name, exc)
+            # let the state machine fail or hold it with the apiserver's reason or the conflict.
+            log.warning("%s/%s: its objects cannot be created: %s", namespace, name, exc)
             fresh = self.kube.get_job(namespace, name)
             if fresh is None:
                 return self.settings.resync_seconds
-            out = reconcile(replace(world, job=fresh, rejection=str(exc)), self.settings)
+            if isinstance(exc, Rejected):
+                world = replace(world, job=fresh, rejection=str(exc))
+            else:
+                world = replace(world, job=fresh, conflict=str(exc))
+            out = reconcile(world, self.settings)
             self._apply(fresh, out)
         wrote = bool(out.create) or bool(out.delete_pods)
         if wrote and self.refusals.pop((namespace, name), None) is not None:
@@ -201,11 +215,12 @@ class Controller:
                 self.metrics.time_to_running.observe((now - created).total_seconds())
         if out.delete_pods:
             log.info("%s/%s: deleting %d pods", namespace, name, len(out.delete_pods))
-            self.kube.delete_pods(namespace, out.delete_pods)
+            self.kube.delete_pods(namespace, out.delete_pods, out.delete_uids)
         if out.create:
             pods = out.create_pods
-            self.kube.ensure_children([o for o in out.create if o["kind"] != "Pod"])
-            made = self.kube.create_pods(pods)
+            uid = meta.get("uid")
+            self.kube.ensure_children([o for o in out.create if o["kind"] != "Pod"], uid)
+            made = self.kube.create_pods(pods, uid)
             attempt = out.status.get("restartAttempt")
             log.info("%s/%s: attempt %s: created %d pods", namespace, name, attempt, made)
         if out.delete_job:

@@ -1,8 +1,10 @@
 """The only module that talks to the Kubernetes API (besides kopf's own watching).
 
 It moves raw JSON: reads skip the client's model deserialisation (slow for thousand-pod lists)
-and writes send plain dicts. Creation is get-or-create (409 is success) and deletion treats 404 as
-done, so every call is idempotent. Pods are created and deleted from a thread pool: a gang of
+and writes send plain dicts. Creation is get-or-create: a 409 is success only when the existing
+object's controller ownerReference is the job (core/ownership.py; ChildConflict otherwise).
+Deletion carries the object's uid as a precondition and treats 404 and 409 as done, so every
+call is idempotent and never removes an object other than the one observed. Pods are created and deleted from a thread pool: a gang of
 1,024 pods goes out concurrently rather than one request at a time.
 """
 
@@ -20,7 +22,8 @@ from kubernetes.client.exceptions import ApiException
 
 from megatron_operator.api.job import GROUP, PLURAL, VERSION
 from megatron_operator.core.names import LABEL_JOB_NAME, MANAGED_BY, SPEC_KEY, config_map_name
-from megatron_operator.core.observe import format_time
+from megatron_operator.core.observe import controller_uid, format_time
+from megatron_operator.core.ownership import UPDATED_KINDS, conflict
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -33,6 +36,11 @@ class Conflict(Exception):
 class Rejected(Exception):
     """The apiserver refused an object rendered from the spec as invalid (422): retrying the
     same spec cannot help."""
+
+
+class ChildConflict(Exception):
+    """An object with a child's name exists and is not the job's (core/ownership.py): the
+    message names it and what to do."""
 
 
 def _rejected(exc: ApiException) -> Rejected:
@@ -76,6 +84,7 @@ class Kube:
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.rbac = kubernetes.client.RbacAuthorizationV1Api(api_client)
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self.networking = kubernetes.client.NetworkingV1Api(api_client)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
 
     @classmethod
@@ -151,28 +160,43 @@ class Kube:
         )
         return list(doc.get("items") or [])
 
-    def create_pods(self, pods: list[Obj]) -> int:
-        """Create concurrently; a pod that already exists counts as done. Returns how many
-        this call created."""
-        return sum(self.pool.map(self._create_pod, pods))
+    def create_pods(self, pods: list[Obj], job_uid: str | None = None) -> int:
+        """Create concurrently; a pod that already exists counts as done when it is the job's
+        own (ChildConflict otherwise). Returns how many this call created."""
+        return sum(self.pool.map(lambda p: self._create_pod(p, job_uid), pods))
 
-    def _create_pod(self, pod: Obj) -> int:
+    def _create_pod(self, pod: Obj, job_uid: str | None) -> int:
         try:
             _call(self.core.create_namespaced_pod, pod["metadata"]["namespace"], pod)
             return 1
         except ApiException as exc:
             if exc.status == 409:
+                self._check_owner(pod, job_uid)
                 return 0
             if exc.status == 422:
                 raise _rejected(exc) from None
             raise
 
-    def delete_pods(self, namespace: str, names: Iterable[str]) -> None:
-        """Delete with each pod's own grace period (the trainer checkpoints on SIGTERM)."""
-        list(self.pool.map(lambda n: self._delete_pod(namespace, n), names))
+    def delete_pods(
+        self, namespace: str, names: Iterable[str], uids: dict[str, str] | None = None
+    ) -> None:
+        """Delete with each pod's own grace period (the trainer checkpoints on SIGTERM), and
+        with its uid as a precondition, so only the very pod that was observed goes."""
+        uids = uids or {}
+        list(self.pool.map(lambda n: self._delete_pod(namespace, n, uids.get(n)), names))
 
-    def _delete_pod(self, namespace: str, name: str) -> None:
-        self._ignore_404(lambda: _call(self.core.delete_namespaced_pod, name, namespace))
+    def _delete_pod(self, namespace: str, name: str, uid: str | None) -> None:
+        self._delete(self.core.delete_namespaced_pod, namespace, name, uid)
+
+    def _delete(self, method: Any, namespace: str, name: str, uid: str | None) -> None:
+        """Delete one object; with a uid, only that object. 404 (gone) and 409 (the uid
+        precondition failed: that object is gone, and another has the name) are done."""
+        body = {"preconditions": {"uid": uid}} if uid else None
+        try:
+            _call(method, name, namespace, body=body)
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
 
     # --- watches (raw streams; watch.py parses them)
     def watch_pods(self, namespace: str | None, version: str | None, timeout: int) -> Any:
@@ -217,20 +241,81 @@ class Kube:
         return kw
 
     # --- the other children
-    def ensure_children(self, objs: list[Obj]) -> None:
-        """Get-or-create the non-pod children. The ConfigMap and the Role are replaced when they
-        exist, since a new attempt may run a changed spec (e.g. a resize while suspended)."""
-        core, rbac = self.core, self.rbac
-        methods: dict[str, tuple[Any, Any]] = {
-            "ConfigMap": (core.create_namespaced_config_map, core.replace_namespaced_config_map),
-            "Role": (rbac.create_namespaced_role, rbac.replace_namespaced_role),
-            "ServiceAccount": (core.create_namespaced_service_account, None),
-            "Service": (core.create_namespaced_service, None),
-            "PersistentVolumeClaim": (core.create_namespaced_persistent_volume_claim, None),
-            "RoleBinding": (rbac.create_namespaced_role_binding, None),
-        }
+    def _methods(self, kind: str) -> tuple[Any, Any, Any, Any]:
+        """create, read, replace and delete of a child kind (namespace, then name/body)."""
+        core, rbac, net = self.core, self.rbac, self.networking
+        return {
+            "ConfigMap": (
+                core.create_namespaced_config_map,
+                core.read_namespaced_config_map,
+                core.replace_namespaced_config_map,
+                core.delete_namespaced_config_map,
+            ),
+            "Role": (
+                rbac.create_namespaced_role,
+                rbac.read_namespaced_role,
+                rbac.replace_namespaced_role,
+                rbac.delete_namespaced_role,
+            ),
+            "RoleBinding": (
+                rbac.create_namespaced_role_binding,
+                rbac.read_namespaced_role_binding,
+                rbac.replace_namespaced_role_binding,
+                rbac.delete_namespaced_role_binding,
+            ),
+            "ServiceAccount": (
+                core.create_namespaced_service_account,
+                core.read_namespaced_service_account,
+                core.replace_namespaced_service_account,
+                core.delete_namespaced_service_account,
+            ),
+            "Service": (
+                core.create_namespaced_service,
+                core.read_namespaced_service,
+                core.replace_namespaced_service,
+                core.delete_namespaced_service,
+            ),
+            "PersistentVolumeClaim": (
+                core.create_namespaced_persistent_volume_claim,
+                core.read_namespaced_persistent_volume_claim,
+                core.replace_namespaced_persistent_volume_claim,
+                core.delete_namespaced_persistent_volume_claim,
+            ),
+            "NetworkPolicy": (
+                net.create_namespaced_network_policy,
+                net.read_namespaced_network_policy,
+                net.replace_namespaced_network_policy,
+                net.delete_namespaced_network_policy,
+            ),
+            "Pod": (
+                core.create_namespaced_pod,
+                core.read_namespaced_pod,
+                core.replace_namespaced_pod,
+                core.delete_namespaced_pod,
+            ),
+        }[kind]
+
+    def _check_owner(self, obj: Obj, job_uid: str | None) -> Obj:
+        """The existing object under `obj`'s name, if it is the job's; ChildConflict if not."""
+        _, read, _, _ = self._methods(obj["kind"])
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        try:
+            existing = dict(_json(read, name, ns))
+        except ApiException as exc:
+            if exc.status == 404:  # deleted since the 409: observe again
+                raise Conflict(f"{obj['kind']} {ns}/{name} went away") from None
+            raise
+        problem = conflict(obj, existing, job_uid)
+        if problem is not None:
+            raise ChildConflict(problem)
+        return existing
+
+    def ensure_children(self, objs: list[Obj], job_uid: str | None = None) -> None:
+        """Get-or-create the non-pod children. An existing object is used only when it is the
+        job's own (ChildConflict otherwise); the ConfigMap and the Role are then replaced, since
+        a new attempt may run a changed spec (e.g. a resize while suspended) and new pods."""
         for obj in objs:
-            create, replace = methods[obj["kind"]]
+            create, _, replace, _ = self._methods(obj["kind"])
             ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
             try:
                 _call(create, ns, obj)
@@ -239,8 +324,17 @@ class Kube:
                     raise _rejected(exc) from None
                 if exc.status != 409:
                     raise
-                if replace is not None:
-                    _call(replace, name, ns, obj)
+                existing = self._check_owner(obj, job_uid)
+                if obj["kind"] in UPDATED_KINDS:
+                    # With the version read: if it changed since, the replace fails (409).
+                    version = (existing.get("metadata") or {}).get("resourceVersion")
+                    body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": version}}
+                    try:
+                        _call(replace, name, ns, body)
+                    except ApiException as exc2:
+                        if exc2.status == 409:
+                            raise Conflict(f"{obj['kind']} {ns}/{name} changed") from None
+                        raise
 
     def accepted_spec(self, namespace: str, job: str) -> Obj | None:
         """The spec the running attempt was started from (kept in the job's ConfigMap)."""
@@ -257,27 +351,34 @@ class Kube:
             return None
         return spec if isinstance(spec, dict) else None
 
-    def delete_children(self, namespace: str, job: str) -> None:
-        """Delete everything labelled with the job, without waiting for the garbage collector
-        to discover the CRD kind (up to 30 s after it is installed)."""
+    def delete_children(self, namespace: str, job: str, uid: str) -> None:
+        """Delete the children a deleted job controlled (its uid in their controller
+        ownerReference), each by uid, without waiting for the garbage collector to discover
+        the CRD kind (up to 30 s after it is installed). Only a speed-up: the collector does
+        the same. Retained claims have no ownerReference and stay; foreign objects are kept."""
         selector = f"{LABEL_JOB_NAME}={job},app.kubernetes.io/managed-by={MANAGED_BY}"
-        pods = [p["metadata"]["name"] for p in self.list_pods(namespace, job)]
-        self.delete_pods(namespace, pods)
-        for delete in (
-            self.core.delete_collection_namespaced_service_account,
-            self.core.delete_collection_namespaced_config_map,
-            self.core.delete_collection_namespaced_persistent_volume_claim,
-            self.rbac.delete_collection_namespaced_role,
-            self.rbac.delete_collection_namespaced_role_binding,
+        core, rbac, net = self.core, self.rbac, self.networking
+        for kind, list_ in (
+            ("Pod", core.list_namespaced_pod),
+            ("ServiceAccount", core.list_namespaced_service_account),
+            ("ConfigMap", core.list_namespaced_config_map),
+            ("PersistentVolumeClaim", core.list_namespaced_persistent_volume_claim),
+            ("Role", rbac.list_namespaced_role),
+            ("RoleBinding", rbac.list_namespaced_role_binding),
+            ("Service", core.list_namespaced_service),
+            ("NetworkPolicy", net.list_namespaced_network_policy),
         ):
-            _call(delete, namespace, label_selector=selector)
-        # Services have no delete-collection endpoint.
-        services = _json(self.core.list_namespaced_service, namespace, label_selector=selector)
-        for svc in services.get("items") or []:
-            name = svc["metadata"]["name"]
-            self._ignore_404(
-                lambda n=name: _call(self.core.delete_namespaced_service, n, namespace)
-            )
+            try:
+                items = _json(list_, namespace, label_selector=selector).get("items") or []
+            except ApiException as exc:
+                if exc.status == 403:  # e.g. NetworkPolicies without --network-policy's RBAC
+                    continue
+                raise
+            delete = self._methods(kind)[3]
+            for item in items:
+                meta = item.get("metadata") or {}
+                if controller_uid(meta) == uid:
+                    self._delete(delete, namespace, meta["name"], uid=meta.get("uid"))
 
     # --- events
     def event(self, job: Obj, type_: str, reason: str, message: str, now: datetime) -> None:

@@ -54,6 +54,7 @@ class JobStatus:
     completion_time: str | None = None
     restart_at: str | None = None
     workload: str | None = None
+    uncounted_restart_times: list[str] | None = None  # restarts not counted, in the last hour
     extra: dict[str, Any] = field(default_factory=dict)  # keys we do not know, kept as they were
 
     @classmethod
@@ -85,6 +86,7 @@ class JobStatus:
             completion_time=_text(doc.get("completionTime")),
             restart_at=_text(doc.get("restartAt")),
             workload=_text(doc.get("workload")),
+            uncounted_restart_times=_texts(doc.get("uncountedRestartTimes")),
             extra={k: copy.deepcopy(v) for k, v in doc.items() if k not in known},
         )
 
@@ -99,6 +101,12 @@ class JobStatus:
                 continue
             out[_camel(f.name)] = str(value) if isinstance(value, Phase) else value
         return out
+
+
+def _texts(value: object) -> list[str] | None:
+    if not isinstance(value, list):
+        return None
+    return [v for v in value if isinstance(v, str) and v] or None
 
 
 def _dict(value: object) -> dict[str, Any] | None:

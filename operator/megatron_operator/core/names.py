@@ -1,8 +1,10 @@
 """Deterministic names, labels and annotations of a job's children (one place, no randomness).
 
-Pods keep the same name across restart attempts (`<job>-<node rank>`), as JobSet's child Jobs do:
-the hostname, the DNS name behind MASTER_ADDR and the trainer's RBAC resourceNames stay stable,
-and an attempt is told apart by the `megatron.dev/restart-attempt` label.
+Each restart attempt's pods are distinct objects (`<job>-a<attempt>-<node rank>`), so a late
+delete of attempt N can never hit attempt N+1's pod of the same rank (deletes also carry the pod's
+uid as a precondition). The pod's `spec.hostname` is the stable `<job>-<node rank>` and its
+`spec.subdomain` the headless Service, so the DNS name behind MASTER_ADDR is the same on every
+attempt.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ CONTAINER_NAME: Final = "trainer"
 SPEC_KEY: Final = "spec.json"  # in the ConfigMap: the spec the current attempt runs
 
 
-def pod_name(job: str, node_rank: int) -> str:
+def pod_name(job: str, node_rank: int, attempt: int) -> str:
+    """A pod of one attempt. At most 50 (job) + 2 + attempt digits + 1 + 4 (ranks < 4096)
+    characters: far below the 253 a pod name may have; the hostname below is the DNS label."""
+    return f"{job}-a{attempt}-{node_rank}"
+
+
+def hostname(job: str, node_rank: int) -> str:
+    """The pod's hostname, the same on every attempt: at most 50 + 1 + 4 = 55 characters, so a
+    DNS label (63) for any CRD-valid job name and node count."""
     return f"{job}-{node_rank}"
 
 
@@ -33,6 +43,10 @@ def service_name(job: str) -> str:
 
 def config_map_name(job: str) -> str:
     return f"{job}-config"
+
+
+def network_policy_name(job: str) -> str:
+    return job
 
 
 def pvc_name(job: str) -> str:
@@ -46,4 +60,4 @@ def trainer_account_name(job: str) -> str:
 
 def master_addr(job: str, namespace: str) -> str:
     """Stable DNS name of node 0's pod through the headless Service."""
-    return f"{pod_name(job, 0)}.{service_name(job)}.{namespace}.svc"
+    return f"{hostname(job, 0)}.{service_name(job)}.{namespace}.svc"

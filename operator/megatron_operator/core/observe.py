@@ -115,6 +115,8 @@ class PodView:
     disruption: str | None  # reason of a True DisruptionTarget condition
     progress: Progress | None
     unschedulable: str | None = None  # the scheduler's message while it cannot place the pod
+    uid: str | None = None  # deletes carry it as a precondition
+    owner_uid: str | None = None  # uid of the controller ownerReference: whose pod it is
 
     @property
     def active(self) -> bool:
@@ -179,7 +181,19 @@ def pod_view(raw: dict[str, Any]) -> PodView:
         disruption=_disruption(status),
         progress=parse_progress(annotations.get(PROGRESS_ANNOTATION)),
         unschedulable=_unschedulable(status),
+        uid=meta.get("uid"),
+        owner_uid=controller_uid(meta),
     )
+
+
+def controller_uid(meta: Any) -> str | None:
+    """The uid of an object's controller ownerReference (metadata), or None."""
+    refs = meta.get("ownerReferences") if isinstance(meta, dict) else None
+    for ref in refs if isinstance(refs, list) else []:
+        if isinstance(ref, dict) and ref.get("controller") is True:
+            uid = ref.get("uid")
+            return uid if isinstance(uid, str) else None
+    return None
 
 
 def node_not_ready_since(raw: dict[str, Any], now: datetime) -> datetime | None:

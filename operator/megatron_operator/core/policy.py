@@ -30,6 +30,15 @@ DEFAULT_RULES: Final[tuple[FailureRule, ...]] = (
 )
 
 
+# The restart-loop floor. Whatever backoffSeconds says, attempts are at least this far apart: a
+# gang that fails at once (a bad image, a node that kills every pod) cannot spin the apiserver.
+MIN_BACKOFF_SECONDS: Final = 1.0
+# Restarts not counted toward maxRestarts (node loss, eviction, SIGTERM) are the platform's fault,
+# but a job that "loses its node" every minute is broken: past this many in an hour, they count.
+MAX_UNCOUNTED_PER_HOUR: Final = 10
+UNCOUNTED_WINDOW_SECONDS: Final = 3600.0
+
+
 @dataclass(frozen=True)
 class Failure:
     """One rank's failure, as the operator (or the local runner) observed it."""
@@ -77,13 +86,25 @@ def match(failure: Failure, rules: list[FailureRule]) -> tuple[FailureAction, st
     return "Restart", f"default rule {len(DEFAULT_RULES) + 1} (anything else) → Restart"
 
 
-def decide(failure: Failure, policy: RestartPolicySpec, restarts_counted: int) -> Decision:
-    """Apply the rules and the restart budget to one failure."""
+def decide(
+    failure: Failure,
+    policy: RestartPolicySpec,
+    restarts_counted: int,
+    uncounted_last_hour: int = 0,
+) -> Decision:
+    """Apply the rules and the restart budget to one failure. `uncounted_last_hour`: restarts
+    not counted toward maxRestarts in the last hour; from MAX_UNCOUNTED_PER_HOUR on, they count."""
     action, rule = match(failure, list(policy.rules))
     what = f"{failure.pod or 'a rank'} failed ({failure.reason}"
     what += f", exit code {failure.exit_code})" if failure.exit_code is not None else ")"
     if action == "Fail":
         return Decision("Fail", False, rule, f"{what}; {rule}: the job fails")
+    if action == "RestartNotCounted" and uncounted_last_hour >= MAX_UNCOUNTED_PER_HOUR:
+        action = "Restart"
+        rule += (
+            f", counted: {uncounted_last_hour} uncounted restarts in the last hour "
+            f"(cap {MAX_UNCOUNTED_PER_HOUR})"
+        )
     counted = action == "Restart"
     if counted and restarts_counted + 1 > policy.max_restarts:
         return Decision(
@@ -98,11 +119,11 @@ def decide(failure: Failure, policy: RestartPolicySpec, restarts_counted: int) -
 
 
 def backoff_seconds(policy: RestartPolicySpec, restarts: int) -> float:
-    """Wait before the next attempt: backoffSeconds · 2^k (k = restarts so far), capped."""
-    if policy.backoff_seconds == 0:
-        return 0.0
+    """Wait before the next attempt: backoffSeconds · 2^k (k = restarts so far), capped, and
+    never below MIN_BACKOFF_SECONDS."""
     exponent = min(max(restarts, 0), 30)  # 2^30 s is far past any cap; avoid huge ints
-    return float(min(policy.backoff_seconds * 2**exponent, policy.max_backoff_seconds))
+    wait = float(min(policy.backoff_seconds * 2**exponent, policy.max_backoff_seconds))
+    return max(wait, MIN_BACKOFF_SECONDS)
 
 
 def first_failure(failures: list[Failure]) -> Failure | None:

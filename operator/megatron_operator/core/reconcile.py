@@ -12,8 +12,11 @@ A restart is therefore recorded (attempt N+1, restarts+1) *before* any pod of at
 deleted, and pods are created only for an attempt the status already names: a crash between
 steps repeats no restart and leaves no pod behind.
 
-Pods keep their names across attempts (`<job>-<rank>`); the attempt is a label. Lifecycle of an
-attempt: Pending (creating, scheduling) → Running (every pod Running) → Succeeded (every pod
+Each attempt's pods are distinct objects (`<job>-a<attempt>-<rank>`, hostname `<job>-<rank>`);
+the next attempt's pods are created only once every pod of the older ones is gone, so the stable
+DNS name behind MASTER_ADDR names one pod at a time. Only pods controlled by this job (by the
+uid of their controller ownerReference) count: a foreign pod is neither counted nor deleted.
+Lifecycle of an attempt: Pending (creating, scheduling) → Running (every pod Running) → Succeeded (every pod
 exited 0) | a failure → Restarting (old pods deleted, then a capped exponential backoff) → the
 next attempt, or Failed when the failure rules or maxRestarts say so.
 
@@ -23,7 +26,7 @@ The same machine drives `mjob run --local`, over process groups instead of pods.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,17 +39,25 @@ from megatron_operator.core.jobstatus import JobStatus
 from megatron_operator.core.names import pod_name
 from megatron_operator.core.observe import PodView, Progress, format_time, parse_time
 from megatron_operator.core.planner import Plan, plan
-from megatron_operator.core.policy import Failure, backoff_seconds, decide, first_failure
+from megatron_operator.core.policy import (
+    UNCOUNTED_WINDOW_SECONDS,
+    Failure,
+    backoff_seconds,
+    decide,
+    first_failure,
+)
 from megatron_operator.core.render import children, pod
 
 Obj = dict[str, Any]
 C = ConditionType
+CONFLICT_RETRY_SECONDS = 15.0  # look again for the conflicting object to be gone
 
 
 @dataclass(frozen=True)
 class Settings:
     node_lost_grace_seconds: float = 30.0  # NotReady this long = the node is lost
     resync_seconds: float = 60.0  # reconcile at least this often
+    network_policy: bool = False  # render the per-job NetworkPolicy (--network-policy)
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,9 @@ class World:
     # The apiserver's message while it keeps refusing the job's objects (403, throttling, 5xx);
     # the shell keeps it until a creation goes through.
     refusal: str | None = None
+    # An object with one of the job's child names exists and is not the job's (kind/name and
+    # whose): nothing is created, and the job says so (core/ownership.py decides).
+    conflict: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,7 @@ class Outcome:
     status: dict[str, Any]
     events: list[Event] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
+    delete_uids: dict[str, str] = field(default_factory=dict)  # pod name → uid (a precondition)
     # Objects to create, in order: the job's other children (get-or-create), then its pods.
     create: list[Obj] = field(default_factory=list)
     delete_job: bool = False
@@ -130,6 +145,8 @@ class _Machine:
         self.nodes = Nodes(
             world.not_ready_nodes, world.known_nodes, settings.node_lost_grace_seconds
         )
+        # Only the job's own pods: a foreign pod with our label is never counted or deleted.
+        self.pods = [p for p in world.pods if self.mine(p)]
 
     # --- helpers
     def cond(self, type_: ConditionType, status: bool, reason: str, message: str = "") -> bool:
@@ -141,10 +158,16 @@ class _Machine:
         self.out.events.append(Event(type_, reason, message))
 
     def delete(self, pods: list[PodView]) -> None:
-        self.out.delete_pods.extend(p.name for p in pods if not p.deleting)
+        for p in pods:
+            if not p.deleting:
+                self.out.delete_pods.append(p.name)
+                if p.uid:
+                    self.out.delete_uids[p.name] = p.uid
 
     def mine(self, p: PodView) -> bool:
-        return p.job_uid is None or self.uid is None or p.job_uid == self.uid
+        """Controlled by this job: the controller ownerReference names its uid. Without a uid
+        (`mjob run --local`, tests) every pod handed in is the job's."""
+        return self.uid is None or p.owner_uid == self.uid
 
     def finish(self, phase: Phase, reason: str, message: str) -> None:
         self.st.phase = phase
@@ -215,7 +238,7 @@ class _Machine:
         self.st.observed_generation = self.generation
         if not already:
             self.finish(Phase.FAILED, Reason.INVALID_SPEC, message)
-        self.delete(self.w.pods)
+        self.delete(self.pods)
 
     def revive(self) -> None:
         self.st.phase = Phase.PENDING
@@ -226,7 +249,7 @@ class _Machine:
 
     def terminal(self, job: MegatronJob, phase: Phase) -> None:
         # Nothing may hold a GPU after the end; failed jobs also drop their finished pods.
-        doomed = self.w.pods if phase == Phase.FAILED else [p for p in self.w.pods if p.active]
+        doomed = self.pods if phase == Phase.FAILED else [p for p in self.pods if p.active]
         self.delete(doomed)
         self.ttl(job)
 
@@ -241,8 +264,8 @@ class _Machine:
                 self.deadlines.append(expiry)
 
     def suspend(self) -> None:
-        self.delete(self.w.pods)
-        left = len(self.w.pods)
+        self.delete(self.pods)
+        left = len(self.pods)
         message = f"waiting for {left} pods to stop" if left else "all pods stopped"
         if self.st.phase != Phase.SUSPENDED:
             self.st.phase = Phase.SUSPENDED
@@ -275,15 +298,17 @@ class _Machine:
         if self.st.start_time is None:
             self.st.start_time = format_time(self.now)
         current: list[PodView] = []
-        stale: list[PodView] = []
-        for x in self.w.pods:
-            (current if x.attempt == n and self.mine(x) else stale).append(x)
+        stale: list[PodView] = []  # the job's pods of older attempts
+        for x in self.pods:
+            (current if x.attempt == n else stale).append(x)
         self.delete(stale)
         self.copy_progress(job, current)
 
         if self.st.phase == Phase.RESTARTING and not self.restart_wait_over(job, stale):
             return
         self.create_missing(job, p, n, current, stale)
+        if self.w.conflict is not None:
+            self.blocked(self.w.conflict)
         failures = self.failures(job, p, n, current)
         if failures:
             self.fail_or_restart(job, failures, current)
@@ -313,16 +338,27 @@ class _Machine:
     ) -> None:
         if self.st.launched_attempt == n:
             return
-        have = {x.name for x in current}
-        occupied = {x.name for x in stale}  # same name, older attempt, still going away
-        missing = [r for r in range(p.nodes) if pod_name(job.name, r) not in have]
+        have = {x.node_rank for x in current}
+        missing = [r for r in range(p.nodes) if r not in have]
         if not missing:
             self.st.launched_attempt = n
             return
-        ranks = [r for r in missing if pod_name(job.name, r) not in occupied]
-        if ranks:
-            # Only the pods to create are rendered: a huge job never sits in memory whole.
-            self.out.create = [*children(job, p), *(pod(job, p, r, n) for r in ranks)]
+        if any(x.active for x in stale):
+            # An older attempt's live pod holds the same hostname (MASTER_ADDR) until it stops.
+            return
+        # Only the pods to create are rendered: a huge job never sits in memory whole.
+        isolate = self.s.network_policy
+        self.out.create = [
+            *children(job, p, n, isolate=isolate),
+            *(pod(job, p, r, n) for r in missing),
+        ]
+
+    def blocked(self, conflict: str) -> None:
+        """A child's name is taken by someone else's object: create nothing, and say so once."""
+        self.out.create = []
+        self.deadlines.append(self.now + timedelta(seconds=CONFLICT_RETRY_SECONDS))
+        if self.cond(C.CHILDREN_OWNED, False, Reason.CHILD_CONFLICT, conflict[:1000]):
+            self.event(EventType.WARNING, Reason.CHILD_CONFLICT, conflict)
 
     def failures(self, job: MegatronJob, p: Plan, n: int, current: list[PodView]) -> list[Failure]:
         found: list[Failure] = []
@@ -333,11 +369,11 @@ class _Machine:
             if look_again is not None:
                 self.deadlines.append(look_again)
         if self.st.launched_attempt == n:
-            names = {x.name for x in current}
+            ranks = {x.node_rank for x in current}
             found += [
-                Failure("PodDeleted", pod=pod_name(job.name, r), message="the pod disappeared")
+                Failure("PodDeleted", pod=pod_name(job.name, r, n), message="the pod disappeared")
                 for r in range(p.nodes)
-                if pod_name(job.name, r) not in names
+                if r not in ranks
             ]
         hang = self.hang(job, current)
         if hang is not None:
@@ -361,7 +397,7 @@ class _Machine:
         return Failure(
             "Hang",
             None,
-            rank0.name if rank0 else pod_name(job.name, 0),
+            rank0.name if rank0 else pod_name(job.name, 0, self.st.restart_attempt),
             rank0.node if rank0 else None,
             f"no progress for {idle}s (hangTimeoutSeconds {timeout}), last at {format_time(last)}",
         )
@@ -371,7 +407,8 @@ class _Machine:
     ) -> None:
         cause = first_failure(failures)
         assert cause is not None
-        decision = decide(cause, job.spec.restart_policy, self.st.restarts_counted)
+        recent = self.uncounted_last_hour()
+        decision = decide(cause, job.spec.restart_policy, self.st.restarts_counted, len(recent))
         record: dict[str, Any] = {
             "reason": cause.reason,
             "message": cause.message or decision.message,
@@ -391,11 +428,14 @@ class _Machine:
         if decision.action == "Fail":
             reason = Reason.MAX_RESTARTS_EXCEEDED if decision.counted else Reason.FAILURE_POLICY
             self.finish(Phase.FAILED, reason, decision.message)
-            self.delete(self.w.pods)
+            self.delete(self.pods)
             return
         self.st.restarts += 1
         if decision.counted:
             self.st.restarts_counted += 1
+        else:
+            recent.append(format_time(self.now))
+        self.st.uncounted_restart_times = recent or None
         self.st.restart_attempt += 1
         self.st.phase = Phase.RESTARTING
         self.st.restart_at = None
@@ -404,6 +444,12 @@ class _Machine:
         self.cond(C.RESTARTING, True, cause.reason, decision.message)
         self.event(EventType.WARNING, Reason.RESTARTING, decision.message)
         self.delete(current)  # step 1: every pod of the attempt, with its grace period
+
+    def uncounted_last_hour(self) -> list[str]:
+        """The uncounted restarts of the last hour (the restart-loop cap, core/policy.py)."""
+        since = self.now - timedelta(seconds=UNCOUNTED_WINDOW_SECONDS)
+        times = [parse_time(t) for t in self.st.uncounted_restart_times or []]
+        return [format_time(t) for t in times if t is not None and since < t <= self.now]
 
     def scheduling(self, current: list[PodView]) -> None:
         """Say why pods wait: the scheduler's own message, on a PodsScheduled condition."""
@@ -421,6 +467,8 @@ class _Machine:
     def advance(self, p: Plan, n: int, current: list[PodView]) -> None:
         self.scheduling(current)
         launched = self.st.launched_attempt == n and len(current) == p.nodes
+        if launched and reason_of(self.st.conditions, C.CHILDREN_OWNED) == Reason.CHILD_CONFLICT:
+            self.cond(C.CHILDREN_OWNED, True, Reason.CHILDREN_CREATED, "every child is the job's")
         if launched and all(x.phase == "Succeeded" for x in current):
             self.finish(Phase.SUCCEEDED, Reason.COMPLETED, f"all {p.nodes} pods exited 0")
             return
@@ -469,5 +517,29 @@ def summary(progress: Progress, train_iters: int) -> str:
 
 
 def reconcile(world: World, settings: Settings | None = None) -> Outcome:
-    """Decide the next status and actions for one job. Never raises on bad input."""
-    return _Machine(world, settings or Settings()).run()
+    """Decide the next status and actions for one job. Never raises on bad input: data that
+    still breaks the arithmetic (a progress time in year 9999, a hand-written status) fails
+    this job with a condition naming the error, rather than a traceback every few seconds."""
+    settings = settings or Settings()
+    try:
+        return _Machine(world, settings).run()
+    except (ArithmeticError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        return _unprocessable(world, settings, exc)
+
+
+def _unprocessable(world: World, settings: Settings, exc: Exception) -> Outcome:
+    """The job fails (its pods are deleted: nothing may hold a GPU unwatched); the status
+    keeps everything else, so a person can see what was wrong."""
+    m = _Machine(replace(world, job={**world.job, "status": {}}), settings)
+    m.st = JobStatus.read(world.job.get("status"))
+    m.deadlines = []
+    message = (
+        f"the operator cannot process this job's data ({type(exc).__name__}: {exc}); check "
+        "status.progress and the durations in the spec, then delete and re-create the job"
+    )[:1000]
+    if reason_of(m.st.conditions, C.FAILED) != Reason.BAD_JOB_DATA:
+        m.finish(Phase.FAILED, Reason.BAD_JOB_DATA, message)
+    m.delete(m.pods)
+    m.out.status = m.st.to_raw()
+    m.out.requeue_after = settings.resync_seconds
+    return m.out

@@ -27,7 +27,9 @@ from megatron_operator.core.names import (
     MANAGED_BY,
     SPEC_KEY,
     config_map_name,
+    hostname,
     master_addr,
+    network_policy_name,
     pod_name,
     pvc_name,
     service_name,
@@ -106,7 +108,26 @@ def config_map(job: MegatronJob, plan: Plan) -> Obj:
     }
 
 
+def network_policy(job: MegatronJob) -> Obj:
+    """Admit to the job's pods only the job's own pods: the c10d rendezvous and the NCCL/gloo
+    ports (chosen at random by the libraries, so every port) are closed to other tenants."""
+    selector = {"matchLabels": {LABEL_JOB_NAME: job.name}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(job, network_policy_name(job.name)),
+        "spec": {
+            "podSelector": selector,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": selector}]}],
+        },
+    }
+
+
 def pvc(job: MegatronJob) -> Obj | None:
+    """The created checkpoint claim. Retained (the default), it has no ownerReference, so the
+    garbage collector keeps it after the job; its job labels let a job re-created with the same
+    name resume from it (core/ownership.py)."""
     create = job.spec.checkpoint.volume.create
     if create is None:
         return None
@@ -116,19 +137,17 @@ def pvc(job: MegatronJob) -> Obj | None:
     }
     if create.storage_class_name is not None:
         spec["storageClassName"] = create.storage_class_name
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": _meta(job, pvc_name(job.name)),
-        "spec": spec,
-    }
+    meta = _meta(job, pvc_name(job.name))
+    if create.retention_policy.when_deleted == "Retain":
+        meta.pop("ownerReferences", None)
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}
 
 
-def trainer_rbac(job: MegatronJob, plan: Plan) -> list[Obj]:
-    """A ServiceAccount whose Role can read and patch only this job's pods (for the progress
+def trainer_rbac(job: MegatronJob, plan: Plan, attempt: int = 0) -> list[Obj]:
+    """A ServiceAccount whose Role can read and patch only this attempt's pods (for the progress
     annotation) and nothing else."""
     name = trainer_account_name(job.name)
-    pods = [pod_name(job.name, n) for n in range(plan.nodes)]
+    pods = [pod_name(job.name, n, attempt) for n in range(plan.nodes)]
     return [
         {
             "apiVersion": "v1",
@@ -284,7 +303,8 @@ def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
     }
     spec: Obj = {
         "restartPolicy": "Never",
-        "hostname": pod_name(job.name, node_rank),
+        # Stable across attempts: <hostname>.<subdomain> is the DNS name behind MASTER_ADDR.
+        "hostname": hostname(job.name, node_rank),
         "subdomain": service_name(job.name),
         "serviceAccountName": trainer_account_name(job.name),
         # Time for the trainer to save a checkpoint after SIGTERM.
@@ -314,7 +334,7 @@ def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
         LABEL_RESTART_ATTEMPT: str(attempt),
         LABEL_NODE_RANK: str(node_rank),
     }
-    meta = _meta(job, pod_name(job.name, node_rank), labels)
+    meta = _meta(job, pod_name(job.name, node_rank, attempt), labels)
     meta["annotations"] = {ANNOTATION_LAYOUT: plan.layout_string()}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
@@ -323,18 +343,21 @@ def pods(job: MegatronJob, plan: Plan, attempt: int) -> list[Obj]:
     return [pod(job, plan, n, attempt) for n in range(plan.nodes)]
 
 
-def children(job: MegatronJob, plan: Plan) -> list[Obj]:
-    """The children other than pods, in creation order: identity, config, Service, claim."""
-    objs: list[Obj] = [*trainer_rbac(job, plan), config_map(job, plan), service(job)]
+def children(job: MegatronJob, plan: Plan, attempt: int = 0, *, isolate: bool = False) -> list[Obj]:
+    """The children other than pods, in creation order: identity, config, Service, claim, and
+    with `isolate` the NetworkPolicy (the operator's --network-policy)."""
+    objs: list[Obj] = [*trainer_rbac(job, plan, attempt), config_map(job, plan), service(job)]
+    if isolate:
+        objs.append(network_policy(job))
     claim = pvc(job)
     if claim is not None:
         objs.append(claim)
     return objs
 
 
-def render(job: MegatronJob, plan: Plan, attempt: int = 0) -> list[Obj]:
+def render(job: MegatronJob, plan: Plan, attempt: int = 0, *, isolate: bool = False) -> list[Obj]:
     """Every child object, in creation order: identity and config first, then pods."""
-    return [*children(job, plan), *pods(job, plan, attempt)]
+    return [*children(job, plan, attempt, isolate=isolate), *pods(job, plan, attempt)]
 
 
 def as_list(objs: list[Obj]) -> Obj:

@@ -65,6 +65,7 @@ class Running:
         return PodView(
             name=self.name,
             job_uid=uid,
+            owner_uid=uid,  # every process group is the job's own
             attempt=self.attempt,
             node_rank=self.node_rank,
             phase=phase,
