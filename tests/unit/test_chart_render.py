@@ -194,6 +194,7 @@ def test_kueue_and_network_policy_rights_follow_their_values() -> None:
     cluster = one(objs, "ClusterRole")["rules"]
     assert rules_for(cluster, "clusterqueues") == {"get", "list", "watch"}
     assert rules_for(cluster, "resourceflavors") == {"get", "list", "watch"}
+    assert rules_for(cluster, "workloadpriorityclasses") == {"get", "list", "watch"}
     assert rules_for(cluster, "priorityclasses") == {"get", "list"}
 
 
