@@ -258,6 +258,20 @@ def test_install_upgrade_uninstall_with_a_running_job(
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
         assert crd["metadata"]["annotations"]["meta.helm.sh/release-name"] == "mo"
         sa = "mo-megatron-operator"
+        # The operator pod passes admission (its PriorityClass, its restricted securityContext):
+        # the ReplicaSet creates it, and kwok "runs" it.
+        cluster.wait(
+            lambda: cluster.kubectl_json(
+                "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/instance=mo"
+            )["items"],
+            timeout=60,
+            what="the operator Deployment's pod",
+        )
+        pod = cluster.kubectl_json(
+            "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/instance=mo"
+        )["items"][0]
+        assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
+        assert pod["spec"]["priority"] == 2000000000
         who = f"--as=system:serviceaccount:{namespace}:{sa}"
 
         def can(*args: str) -> str:
@@ -332,6 +346,9 @@ def test_install_upgrade_uninstall_with_a_running_job(
         st = status(cluster, jobs_namespace, "keep-me")
         assert st["phase"] == "Running" and st.get("restarts", 0) == 0
         assert "Traceback" not in op.logs(), op.logs()[-3000:]
+        # The chart's RBAC was enough for everything the operator did.
+        denied = [line for line in op.logs().splitlines() if "forbidden" in line.lower()]
+        assert not denied, denied[:3]
     finally:
         if op is not None:
             op.stop()

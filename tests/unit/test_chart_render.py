@@ -137,7 +137,7 @@ def test_namespaced_mode_grants_roles_in_watched_namespaces_only() -> None:
     cluster_rules = one(objs, "ClusterRole")["rules"]
     cluster_resources = {res for r in cluster_rules for res in r["resources"]}
     # Only cluster-scoped reads: no pod, RBAC or job right cluster-wide.
-    assert cluster_resources == {"nodes", "customresourcedefinitions"}
+    assert cluster_resources == {"nodes", "namespaces", "customresourcedefinitions"}
     assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in cluster_rules)
     roles = {
         r["metadata"]["namespace"]: r
