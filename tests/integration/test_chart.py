@@ -1,65 +1,375 @@
-"""The Helm chart: it lints, renders valid Kubernetes objects, and installs on the cluster."""
+"""The Helm chart on the real apiserver: its renders pass server-side dry-run, it installs,
+upgrades and uninstalls leaving only the CRD and the jobs, its RBAC is enough for the operator (run
+as a process with the chart's ServiceAccount token: this cluster's kwok nodes cannot run the
+operator image), a running job keeps its pods across an upgrade, the admission policy refuses
+what it should, and the operator exports every metric the dashboard and the alerts query."""
 
 from __future__ import annotations
 
-import kubernetes_validate
+import dataclasses
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
 import yaml
 
+from tests.unit.test_chart_monitoring import (
+    HISTOGRAM_SUFFIXES,
+    alert_rules,
+    dashboard_exprs,
+    metric_names,
+)
+
 from .conftest import REPO, Cluster
+from .operator_support import Op, install_crd, pods, status, tiny_gpu_job, wait_phase, wait_pods
 
 CHART = str(REPO / "charts" / "megatron-operator")
+CRD = "megatronjobs.megatron.dev"
+# Not installable here: the Prometheus Operator's CRDs are not part of this cluster.
+MONITORING = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+EVERYTHING = [
+    "replicas=2",
+    "podDisruptionBudget.enabled=true",
+    "kueue.enabled=true",
+    "dashboard.enabled=true",
+    "admissionPolicy.enabled=true",
+    "admissionPolicy.allowedPriorityClasses={train-high}",
+    "admissionPolicy.imagePrefixes={registry.example/}",
+    "admissionPolicy.maxNodes=4",
+    "admissionPolicy.maxGracePeriodSeconds=600",
+]
 
 
-def test_chart_lints_and_renders_valid_objects(cluster: Cluster) -> None:
+@pytest.fixture
+def jobs_namespace(cluster: Cluster) -> Iterator[str]:
+    name = f"chart-jobs-{int(time.time() * 1000) % 10**8}"
+    cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def template(cluster: Cluster, namespace: str, *sets: str) -> list[dict[str, Any]]:
+    args = ["template", "mo", CHART, "-n", namespace]
+    for item in sets:
+        args += ["--set", item]
+    return [o for o in yaml.safe_load_all(cluster.helm(*args).stdout) if o]
+
+
+def adopt_crd(cluster: Cluster, release: str, namespace: str) -> None:
+    """Let the release take over a CRD other tests applied with kubectl (docs/install.md)."""
+    if cluster.kubectl("get", "crd", CRD, check=False).returncode != 0:
+        return
+    cluster.kubectl("label", "crd", CRD, "--overwrite", "app.kubernetes.io/managed-by=Helm")
+    cluster.kubectl(
+        "annotate",
+        "crd",
+        CRD,
+        "--overwrite",
+        f"meta.helm.sh/release-name={release}",
+        f"meta.helm.sh/release-namespace={namespace}",
+    )
+
+
+def ours(cluster: Cluster, release: str, namespaces: list[str]) -> list[str]:
+    """Every object the release labelled, cluster-scoped and in the given namespaces."""
+    selector = f"app.kubernetes.io/instance={release}"
+    found = []
+    for kinds, ns in [
+        (
+            "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings",
+            None,
+        ),
+        *(
+            (
+                "deployments,services,serviceaccounts,configmaps,roles,rolebindings,"
+                "poddisruptionbudgets",
+                n,
+            )
+            for n in namespaces
+        ),
+    ]:
+        args = ["get", kinds, "-l", selector, "-o", "name"]
+        args += ["-n", ns] if ns else []
+        found += cluster.kubectl(*args).stdout.split()
+    return found
+
+
+def sa_cluster(cluster: Cluster, namespace: str, sa: str, tmp: Path) -> Cluster:
+    """The same cluster, seen with a ServiceAccount's token instead of the admin certificate."""
+    token = cluster.kubectl("create", "token", sa, "-n", namespace, "--duration=1h").stdout.strip()
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    path = tmp / f"{sa}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return dataclasses.replace(cluster, info={**cluster.info, "kubeconfig": str(path)}, owned=False)
+
+
+def allowed(cluster: Cluster, user: str, verb: str, group: str, resource: str, ns: str) -> bool:
+    """A SubjectAccessReview: unlike `kubectl auth can-i`, it needs no discovery of the resource
+    (Kueue's CRDs may not be installed on this cluster)."""
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": user,
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+            "resourceAttributes": {
+                "group": group,
+                "resource": resource,
+                "verb": verb,
+                "namespace": ns,
+            },
+        },
+    }
+    out = cluster.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(review)).stdout
+    return bool(json.loads(out)["status"].get("allowed"))
+
+
+def exported(text: str) -> set[str]:
+    names = set()
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, flags=re.M):
+        names.add(name)
+        if kind == "histogram":
+            names.update(name + s for s in HISTOGRAM_SUFFIXES)
+    names.update(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", text, flags=re.M))
+    return names
+
+
+def test_chart_renders_pass_server_side_dry_run(
+    cluster: Cluster, namespace: str, jobs_namespace: str
+) -> None:
     cluster.helm("lint", CHART, "--strict")
-    out = cluster.helm(
-        "template",
-        "mo",
+    renders = {
+        "defaults": [],
+        "namespaced": [f"watchNamespaces={{{namespace},{jobs_namespace}}}"],
+        "everything": [*EVERYTHING, f"watchNamespaces={{{jobs_namespace}}}"],
+    }
+    for name, sets in renders.items():
+        objs = [o for o in template(cluster, namespace, *sets) if o["kind"] not in MONITORING]
+        text = yaml.safe_dump_all(objs)
+        proc = cluster.kubectl(
+            "apply",
+            "--dry-run=server",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            "-",
+            input=text,
+            check=False,
+        )
+        assert proc.returncode == 0, f"{name}: {proc.stderr}"
+        assert len(proc.stdout.strip().splitlines()) == len(objs), f"{name}: {proc.stdout}"
+
+
+def test_admission_policy_on_the_apiserver(cluster: Cluster, namespace: str) -> None:
+    install_crd(cluster)
+    release = "vap"
+    cluster.helm(
+        "install",
+        release,
         CHART,
         "-n",
-        "megatron-system",
-        "--include-crds",
+        namespace,
+        "--wait=false",
         "--set",
-        "watchNamespaces={team-a,team-b}",
-    ).stdout
-    objs = [o for o in yaml.safe_load_all(out) if o]
-    kinds = sorted(o["kind"] for o in objs)
-    assert kinds == [
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "CustomResourceDefinition",
-        "Deployment",
-        "Service",
-        "ServiceAccount",
-    ]
-    for obj in objs:
-        kubernetes_validate.validate(obj, "1.34.0", strict=True)
-    deploy = next(o for o in objs if o["kind"] == "Deployment")
-    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[0] == "operator"
-    assert "--namespace=team-a" in args and "--namespace=team-b" in args
-    crd = next(o for o in objs if o["kind"] == "CustomResourceDefinition")
-    on_disk = yaml.safe_load((REPO / "crds" / "megatronjobs.megatron.dev.yaml").read_text())
-    assert crd == on_disk
-
-
-def test_chart_installs_and_uninstalls(cluster: Cluster, namespace: str) -> None:
-    cluster.helm("install", "mo", CHART, "-n", namespace, "--wait=false")
+        "crds.install=false",
+        *(a for s in EVERYTHING if s.startswith("admissionPolicy") for a in ("--set", s)),
+    )
+    policy = f"{release}-megatron-operator-limits"
     try:
-        deploy = cluster.kubectl_json("get", "deployment", "-n", namespace, "mo-megatron-operator")
-        assert deploy["spec"]["template"]["spec"]["serviceAccountName"] == "mo-megatron-operator"
-        cluster.kubectl("get", "clusterrole", "mo-megatron-operator")
-        cluster.kubectl("get", "crd", "megatronjobs.megatron.dev")
-        # The operator's ServiceAccount may do what the operator does, and no more.
-        sa = f"system:serviceaccount:{namespace}:mo-megatron-operator"
+        good = tiny_gpu_job("ok", nodes=2, image="registry.example/trainer:1")
+        good["spec"]["priorityClassName"] = "train-high"
+
+        def attempt(doc: dict[str, Any]) -> str:
+            proc = cluster.kubectl(
+                "create",
+                "--dry-run=server",
+                "-n",
+                namespace,
+                "-f",
+                "-",
+                input=yaml.safe_dump(doc),
+                check=False,
+            )
+            return "" if proc.returncode == 0 else proc.stderr
+
+        def bad(**change: Any) -> dict[str, Any]:
+            doc: dict[str, Any] = yaml.safe_load(yaml.safe_dump(good))
+            for path, value in change.items():
+                *parents, leaf = path.split("__")
+                node = doc["spec"]
+                for p in parents:
+                    node = node.setdefault(p, {})
+                node[leaf] = value
+            return doc
+
+        cases = {
+            "image": (bad(image="docker.io/evil:1"), "is not from an allowed registry"),
+            "nodes": (bad(resources__nodes=8, training__globalBatchSize=128), "node cap of 4"),
+            "priority": (bad(priorityClassName="batch-urgent"), "not allowed here"),
+            "grace": (bad(checkpoint__gracePeriodSeconds=1200), "limit of 600"),
+            "control-plane": (
+                bad(
+                    resources__tolerations=[
+                        {
+                            "key": "node-role.kubernetes.io/control-plane",
+                            "operator": "Exists",
+                            "effect": "NoSchedule",
+                        }
+                    ]
+                ),
+                "spec.resources.tolerations",
+            ),
+            "any-taint": (bad(resources__tolerations=[{"operator": "Exists"}]), "without a key"),
+        }
+        # The apiserver loads a new policy within a second or two: wait for the first refusal.
+        deadline = time.monotonic() + 30
+        while not attempt(cases["image"][0]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert attempt(good) == ""
+        for name, (doc, message) in cases.items():
+            err = attempt(doc)
+            assert policy in err and message in err, f"{name}: {err!r}"
+        # The CEL type-checks against the CRD's schema without a warning.
+        vap = cluster.kubectl_json("get", "validatingadmissionpolicy", policy)
+        assert not (vap.get("status", {}).get("typeChecking") or {}).get("expressionWarnings")
+    finally:
+        cluster.helm("uninstall", release, "-n", namespace)
+    assert cluster.kubectl("get", "validatingadmissionpolicy", policy, check=False).returncode != 0
+
+
+def test_install_upgrade_uninstall_with_a_running_job(
+    cluster: Cluster, namespace: str, jobs_namespace: str, tmp_path: Path
+) -> None:
+    install_crd(cluster)
+    adopt_crd(cluster, "mo", namespace)
+    base = ["--set", f"watchNamespaces={{{jobs_namespace}}}", "--wait=false"]
+    cluster.helm("install", "mo", CHART, "-n", namespace, *base)
+    op: Op | None = None
+    try:
+        crd = cluster.kubectl_json("get", "crd", CRD)
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert crd["metadata"]["annotations"]["meta.helm.sh/release-name"] == "mo"
+        sa = "mo-megatron-operator"
+        # The operator pod passes admission (its PriorityClass, its restricted securityContext):
+        # the ReplicaSet creates it, and kwok "runs" it.
+        cluster.wait(
+            lambda: cluster.kubectl_json(
+                "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/instance=mo"
+            )["items"],
+            timeout=60,
+            what="the operator Deployment's pod",
+        )
+        pod = cluster.kubectl_json(
+            "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/instance=mo"
+        )["items"][0]
+        assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
+        assert pod["spec"]["priority"] == 2000000000
+        who = f"--as=system:serviceaccount:{namespace}:{sa}"
 
         def can(*args: str) -> str:
-            return cluster.kubectl("auth", "can-i", *args, f"--as={sa}", check=False).stdout.strip()
+            return cluster.kubectl("auth", "can-i", *args, who, check=False).stdout.strip()
 
-        assert can("create", "pods", "-n", "default") == "yes"
-        assert can("update", "megatronjobs/status", "-n", "default") == "yes"
+        # Namespaced mode: rights in the watched namespace, reads of nodes, nothing elsewhere.
+        assert can("create", "pods", "-n", jobs_namespace) == "yes"
+        assert can("update", "megatronjobs", "--subresource=status", "-n", jobs_namespace) == "yes"
+        assert can("update", "megatronjobs", "-n", jobs_namespace) == "no"  # kopf patches
+        assert can("create", "networkpolicies", "-n", jobs_namespace) == "yes"
+        assert can("create", "pods", "-n", "kube-system") == "no"
+        assert can("list", "megatronjobs", "-n", "default") == "no"
+        assert can("get", "secrets", "-n", jobs_namespace) == "no"
         assert can("watch", "nodes") == "yes"
-        assert can("get", "secrets", "-n", "default") == "no"
         assert can("delete", "nodes") == "no"
+        user = f"system:serviceaccount:{namespace}:{sa}"
+        assert not allowed(cluster, user, "create", "kueue.x-k8s.io", "workloads", jobs_namespace)
+        assert can("update", "leases", "-n", namespace) == "yes"  # leader election
+
+        # The operator, with exactly the chart's rights.
+        op = Op(
+            sa_cluster(cluster, namespace, sa, tmp_path),
+            tmp_path,
+            f"--namespace={jobs_namespace}",
+        )
+        op.start()
+        cluster.apply(tiny_gpu_job("keep-me", nodes=2), jobs_namespace)
+        wait_pods(cluster, jobs_namespace, "keep-me", 2, phase="Running")
+        wait_phase(cluster, jobs_namespace, "keep-me", "Running")
+        before = {
+            p["metadata"]["name"]: p["metadata"]["uid"]
+            for p in pods(cluster, jobs_namespace, "keep-me")
+        }
+
+        # The running operator exports every metric the dashboard and the alerts query.
+        queried = set()
+        for expr in [*dashboard_exprs(), *(r["expr"] for r in alert_rules())]:
+            queried |= metric_names(expr)
+        missing = queried - exported(op.metrics())
+        assert not missing, f"queried but not exported: {sorted(missing)}"
+
+        # Upgrade with changed values, and roll the operator as the Deployment would.
+        cluster.helm(
+            "upgrade",
+            "mo",
+            CHART,
+            "-n",
+            namespace,
+            *base,
+            "--set",
+            "workers=16",
+            "--set",
+            "replicas=2",
+            "--set",
+            "podDisruptionBudget.enabled=true",
+            "--set",
+            "kueue.enabled=true",
+        )
+        deploy = cluster.kubectl_json("get", "deployment", "-n", namespace, "mo-megatron-operator")
+        assert deploy["spec"]["replicas"] == 2
+        assert "--workers=16" in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+        cluster.kubectl("get", "pdb", "-n", namespace, "mo-megatron-operator")
+        assert allowed(cluster, user, "create", "kueue.x-k8s.io", "workloads", jobs_namespace)
+        op.stop()
+        op.start()
+        time.sleep(10)  # longer than --node-lost-grace-seconds=5: a misjudged node would show
+        after = {
+            p["metadata"]["name"]: p["metadata"]["uid"]
+            for p in pods(cluster, jobs_namespace, "keep-me")
+        }
+        assert after == before
+        st = status(cluster, jobs_namespace, "keep-me")
+        assert st["phase"] == "Running" and st.get("restarts", 0) == 0
+        assert "Traceback" not in op.logs(), op.logs()[-3000:]
+        # The chart's RBAC was enough for everything the operator did.
+        denied = [line for line in op.logs().splitlines() if "forbidden" in line.lower()]
+        assert not denied, denied[:3]
     finally:
+        if op is not None:
+            op.stop()
         cluster.helm("uninstall", "mo", "-n", namespace)
+
+    # Nothing of ours is left but the CRD and the job (with its pods).
+    assert ours(cluster, "mo", [namespace, jobs_namespace]) == []
+    cluster.kubectl("get", "crd", CRD)
+    assert status(cluster, jobs_namespace, "keep-me")["phase"] == "Running"
+    assert {p["metadata"]["uid"] for p in pods(cluster, jobs_namespace, "keep-me")} == set(
+        before.values()
+    )
+    cluster.kubectl(
+        "patch",
+        "mj",
+        "-n",
+        jobs_namespace,
+        "keep-me",
+        "--type=merge",
+        "-p",
+        '{"metadata":{"finalizers":null}}',
+        check=False,
+    )
+    cluster.kubectl("delete", "mj", "-n", jobs_namespace, "keep-me", "--wait=false", check=False)

@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from megatron_operator.api.status import PHASES
+from megatron_operator.core.observe import parse_time
 
 
 class Metrics:
@@ -49,6 +50,31 @@ class Metrics:
             "megatronjob_mfu", "Last reported model FLOPs utilisation (0-1)", job, registry=r
         )
         self.loss = Gauge("megatronjob_loss", "Last reported training loss", job, registry=r)
+        self.checkpoint_iteration = Gauge(
+            "megatronjob_checkpoint_iteration",
+            "Step of the newest complete checkpoint rank 0 reported",
+            job,
+            registry=r,
+        )
+        self.checkpoint_time = Gauge(
+            "megatronjob_last_checkpoint_timestamp_seconds",
+            "Unix time of the first progress report that carried the newest checkpoint step",
+            job,
+            registry=r,
+        )
+        self.progress_time = Gauge(
+            "megatronjob_progress_timestamp_seconds",
+            "Unix time of rank 0's last progress report",
+            job,
+            registry=r,
+        )
+        self.ready = Gauge(
+            "megatron_operator_ready",
+            "1 once this replica's job, pod and node watches have synced (what /readyz reports)",
+            registry=r,
+        )
+        # The checkpoint step each job's checkpoint_time belongs to (the gauge has no history).
+        self._checkpoints: dict[tuple[str, str], int] = {}
 
     def serve(self, port: int) -> None:
         start_http_server(port, registry=self.registry)
@@ -68,13 +94,41 @@ class Metrics:
                 value = progress.get(key)
                 if isinstance(value, (int, float)):
                     gauge.labels(namespace, name).set(value)
+            self._observe_times(namespace, name, progress)
+
+    def _observe_times(self, namespace: str, name: str, progress: dict[str, Any]) -> None:
+        """Report and checkpoint times from status.progress. A checkpoint's time is that of the
+        first report that carried its step: exact when the trainer reports right after saving,
+        and at worst one report late (after an operator restart, the first report it reads)."""
+        when = parse_time(progress.get("time"))
+        if when is None:
+            return
+        stamp = when.timestamp()
+        self.progress_time.labels(namespace, name).set(stamp)
+        step = progress.get("checkpointIteration")
+        if not isinstance(step, int) or isinstance(step, bool):
+            return
+        key = (namespace, name)
+        if self._checkpoints.get(key) != step:
+            self._checkpoints[key] = step
+            self.checkpoint_iteration.labels(namespace, name).set(step)
+            self.checkpoint_time.labels(namespace, name).set(stamp)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted job's series, so dashboards do not show ghosts."""
         for p in PHASES:
             self._remove(self.phase, namespace, name, p)
-        for gauge in (self.iteration, self.tokens, self.mfu, self.loss):
+        for gauge in (
+            self.iteration,
+            self.tokens,
+            self.mfu,
+            self.loss,
+            self.checkpoint_iteration,
+            self.checkpoint_time,
+            self.progress_time,
+        ):
             self._remove(gauge, namespace, name)
+        self._checkpoints.pop((namespace, name), None)
 
     @staticmethod
     def _remove(metric: Gauge, *labels: str) -> None:

@@ -1,0 +1,220 @@
+"""The chart lints strictly, its schema refuses bad values, and every render is valid Kubernetes:
+with the defaults, in namespaced mode, and with every optional object on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from .chartkit import CHART, EVERYTHING, ROOT, of_kind, one, render, rules_for, run_helm
+
+# Prometheus Operator kinds: kubernetes-validate has no schema for them (their CRDs are not part
+# of Kubernetes); tests/unit/test_chart_monitoring.py checks their content instead.
+MONITORING = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+RENDERS = {
+    "defaults": [],
+    "namespaced": ["watchNamespaces={team-a,team-b}"],
+    "everything": [*EVERYTHING, "watchNamespaces={team-a}"],
+    "everything-clusterwide": EVERYTHING,
+}
+
+
+def test_lint_strict() -> None:
+    run_helm("lint", str(CHART), "--strict")
+    run_helm("lint", str(CHART), "--strict", *(a for s in EVERYTHING for a in ("--set", s)))
+
+
+@pytest.mark.parametrize("name", list(RENDERS))
+def test_render_is_valid_kubernetes(name: str) -> None:
+    objs = render(*RENDERS[name])
+    assert objs
+    for obj in objs:
+        if obj["kind"] in MONITORING:
+            assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+            continue
+        kubernetes_validate.validate(obj, "1.34.0", strict=True)
+
+
+def test_everything_renders_every_optional_object() -> None:
+    kinds = {o["kind"] for o in render(*EVERYTHING)}
+    for kind in (
+        "PodDisruptionBudget",
+        "ServiceMonitor",
+        "PodMonitor",
+        "PrometheusRule",
+        "ConfigMap",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "CustomResourceDefinition",
+    ):
+        assert kind in kinds, kind
+    defaults = {o["kind"] for o in render()}
+    assert defaults.isdisjoint(
+        MONITORING | {"PodDisruptionBudget", "ValidatingAdmissionPolicy", "ConfigMap"}
+    )
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["replicas=two"], "/replicas': got string, want integer"),
+        (["metrics.port=99999"], "/metrics/port"),
+        (["image.pullPolicy=Sometimes"], "/image/pullPolicy"),
+        (["replica=2"], "additional properties 'replica' not allowed"),
+        (["alerts.enable=true"], "additional properties 'enable' not allowed"),
+        (["watchNamespaces={Team_A}"], "/watchNamespaces/0"),
+        (["alerts.pendingFor=soon"], "/alerts/pendingFor"),
+    ],
+)
+def test_schema_rejects_bad_values(sets: list[str], message: str) -> None:
+    args = ["template", "mo", str(CHART)]
+    for item in sets:
+        args += ["--set", item]
+    proc = run_helm(*args, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+
+
+def test_several_replicas_need_leader_election() -> None:
+    proc = run_helm(
+        "template",
+        "mo",
+        str(CHART),
+        "--set",
+        "replicas=3",
+        "--set",
+        "leaderElection.enabled=false",
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "replicas > 1 needs leaderElection.enabled=true" in proc.stderr
+
+
+def _args(objs: list[dict[str, Any]]) -> list[str]:
+    deploy = one(objs, "Deployment")
+    return list(deploy["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_deployment_flags_probes_and_priority() -> None:
+    objs = render()
+    args = _args(objs)
+    assert args[0] == "operator"
+    assert "--leader-elect" in args and "--network-policy" in args and "--kueue" not in args
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+    off = _args(render("networkPolicy=false", "leaderElection.enabled=false", "kueue.enabled=true"))
+    assert "--network-policy" not in off and "--leader-elect" not in off and "--kueue" in off
+    ns = _args(render("watchNamespaces={team-a,team-b}"))
+    assert "--namespace=team-a" in ns and "--namespace=team-b" in ns
+
+
+def test_ha_render() -> None:
+    objs = render("replicas=2", "podDisruptionBudget.enabled=true")
+    deploy = one(objs, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    assert deploy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pdb = one(objs, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"] == deploy["spec"]["selector"]
+    election = [
+        r for r in of_kind(objs, "Role") if r["metadata"]["name"].endswith("-leader-election")
+    ]
+    assert election and election[0]["metadata"]["namespace"] == "megatron-system"
+    assert rules_for(election[0]["rules"], "leases") == {"get", "create", "update"}
+
+
+def test_namespaced_mode_grants_roles_in_watched_namespaces_only() -> None:
+    objs = render("watchNamespaces={team-a,team-b}")
+    cluster_rules = one(objs, "ClusterRole")["rules"]
+    cluster_resources = {res for r in cluster_rules for res in r["resources"]}
+    # Only cluster-scoped reads: no pod, RBAC or job right cluster-wide.
+    assert cluster_resources == {"nodes", "namespaces", "customresourcedefinitions"}
+    assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in cluster_rules)
+    roles = {
+        r["metadata"]["namespace"]: r
+        for r in of_kind(objs, "Role")
+        if not r["metadata"]["name"].endswith("-leader-election")
+    }
+    assert set(roles) == {"team-a", "team-b"}
+    bindings = {
+        b["metadata"]["namespace"]
+        for b in of_kind(objs, "RoleBinding")
+        if not b["metadata"]["name"].endswith("-leader-election")
+    }
+    assert bindings == {"team-a", "team-b"}
+    rules = roles["team-a"]["rules"]
+    assert rules_for(rules, "pods") >= {"create", "delete", "watch"}
+    assert "update" not in rules_for(rules, "megatronjobs")
+    assert rules_for(rules, "secrets") == set()
+
+    # Cluster-wide mode: the same namespaced rules, in the ClusterRole, and no Role.
+    wide = render()
+    assert rules_for(one(wide, "ClusterRole")["rules"], "pods") == rules_for(rules, "pods")
+    assert [
+        r for r in of_kind(wide, "Role") if not r["metadata"]["name"].endswith("-election")
+    ] == []
+
+
+def test_kueue_and_network_policy_rights_follow_their_values() -> None:
+    plain = render("networkPolicy=false", "watchNamespaces={team-a}")
+    plain_rules = [*one(plain, "ClusterRole")["rules"], *of_kind(plain, "Role")[0]["rules"]]
+    groups = {g for r in plain_rules for g in r["apiGroups"]}
+    assert "kueue.x-k8s.io" not in groups and "networking.k8s.io" not in groups
+    assert "scheduling.k8s.io" not in groups
+
+    objs = render("kueue.enabled=true", "watchNamespaces={team-a}")
+    role = next(r for r in of_kind(objs, "Role") if r["metadata"]["namespace"] == "team-a")
+    assert rules_for(role["rules"], "workloads") == {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "patch",
+        "delete",
+    }
+    assert rules_for(role["rules"], "workloads/status") == {"get", "update", "patch"}
+    assert rules_for(role["rules"], "localqueues") == {"get", "list", "watch"}
+    assert rules_for(role["rules"], "networkpolicies") == {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "delete",
+    }
+    cluster = one(objs, "ClusterRole")["rules"]
+    assert rules_for(cluster, "clusterqueues") == {"get", "list", "watch"}
+    assert rules_for(cluster, "resourceflavors") == {"get", "list", "watch"}
+    assert rules_for(cluster, "workloadpriorityclasses") == {"get", "list", "watch"}
+    assert rules_for(cluster, "priorityclasses") == {"get", "list"}
+
+
+def test_crd_is_the_generated_one_and_kept_on_uninstall() -> None:
+    crd = one(render(), "CustomResourceDefinition")
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    generated = yaml.safe_load((ROOT / "crds" / "megatronjobs.megatron.dev.yaml").read_text())
+    del crd["metadata"]["annotations"]
+    assert crd == generated
+    assert of_kind(render("crds.install=false"), "CustomResourceDefinition") == []
+    # Helm would install crds/ on every install and conflict with the template.
+    assert not (CHART / "crds").exists()
+
+
+def test_scrape_annotations_follow_the_port() -> None:
+    objs = render("metrics.port=9100")
+    pod = one(objs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    svc = one(objs, "Service")["metadata"]["annotations"]
+    for found in (pod, svc):
+        assert found["prometheus.io/scrape"] == "true"
+        assert found["prometheus.io/port"] == "9100"
+    off = render("metrics.scrapeAnnotations=false")
+    assert "annotations" not in one(off, "Deployment")["spec"]["template"]["metadata"]
