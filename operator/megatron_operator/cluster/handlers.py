@@ -183,8 +183,10 @@ async def _heartbeat(runtime: Runtime) -> None:
     """Report to /livez that the asyncio loop runs and that the reconcile pool takes work (a
     pool whose threads are all stuck would starve every job without any error)."""
     health = runtime.health
+    metrics = runtime.controller.metrics
     while True:
         health.beat("event-loop")
+        metrics.ready.set(1 if runtime.synced()[0] else 0)  # what /readyz says, for alerts
         if runtime.pool is not None:
             runtime.pool.submit(health.beat, "reconcile-pool")
         await asyncio.sleep(HEARTBEAT_SECONDS)
