@@ -84,13 +84,15 @@ def test_exit_codes_mean_to_the_operator_what_the_trainer_means() -> None:
 
 def test_progress_report_parses_in_the_operator() -> None:
     when = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
-    text = Report(120, 3.2143, 51234.5, 0.41, 100).to_json(when)
+    text = Report(120, 3.2143, 51234.5, 0.41, 100).to_json(2, when)
     parsed = parse_progress(text)
     assert parsed is not None
+    assert parsed.attempt == 2
     assert (parsed.iteration, parsed.loss, parsed.checkpoint_iteration) == (120, 3.2143, 100)
     assert parsed.tokens_per_second == 51234.5 and parsed.mfu == 0.41
     assert parsed.time == when
     assert set(json.loads(text)) == {
+        "attempt",
         "iteration",
         "loss",
         "tokensPerSecond",
@@ -99,7 +101,7 @@ def test_progress_report_parses_in_the_operator() -> None:
         "time",
     }
     # A diverged loss is null, which the operator accepts.
-    assert parse_progress(Report(5, float("nan"), None, None, None).to_json(when)) is not None
+    assert parse_progress(Report(5, float("nan"), None, None, None).to_json(0, when)) is not None
 
 
 def test_the_renderer_sets_exactly_the_reserved_env() -> None:

@@ -18,7 +18,8 @@ from kubernetes.client.exceptions import ApiException
 
 from megatron_operator.cluster.kube import Conflict, Kube, Rejected
 from megatron_operator.cluster.metrics import Metrics
-from megatron_operator.core.observe import parse_time, pod_view
+from megatron_operator.core.names import progress_lease_name
+from megatron_operator.core.observe import lease_view, parse_time, pod_view
 from megatron_operator.core.reconcile import Outcome, Settings, World, reconcile
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class Controller:
             not_ready_nodes=not_ready,
             known_nodes=frozenset(known) if known is not None else None,
             accepted_spec=accepted,
+            lease=lease_view(self.kube.get_lease(namespace, progress_lease_name(name))),
         )
         out = reconcile(world, self.settings)
         try:

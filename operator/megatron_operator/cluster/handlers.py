@@ -19,7 +19,13 @@ import kopf
 
 from megatron_operator.api.job import GROUP, PLURAL, VERSION
 from megatron_operator.cluster.controller import Controller, NodeLookup
-from megatron_operator.cluster.watch import NodeReadiness, Watcher, node_watcher, pod_watchers
+from megatron_operator.cluster.watch import (
+    NodeReadiness,
+    Watcher,
+    lease_watchers,
+    node_watcher,
+    pod_watchers,
+)
 from megatron_operator.core.names import DOMAIN, FINALIZER
 
 log = logging.getLogger(__name__)
@@ -90,7 +96,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.startup()
 async def start(memo: kopf.Memo, **_: Any) -> None:
-    """Start the reconcile pool, and the pod and node watches (light threads, watch.py)."""
+    """Start the reconcile pool, and the pod, Lease and node watches (light threads, watch.py)."""
     runtime = _runtime(memo)
     runtime.pool = ThreadPoolExecutor(max_workers=RECONCILE_WORKERS, thread_name_prefix="reconcile")
     loop = asyncio.get_running_loop()
@@ -105,6 +111,7 @@ async def start(memo: kopf.Memo, **_: Any) -> None:
     runtime.nodes = NodeReadiness(wake_all)
     runtime.watchers = [
         *pod_watchers(kube, list(runtime.namespaces), wake),
+        *lease_watchers(kube, list(runtime.namespaces), wake),
         node_watcher(kube, runtime.nodes),
     ]
     for w in runtime.watchers:

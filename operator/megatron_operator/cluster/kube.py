@@ -66,6 +66,7 @@ class Kube:
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.rbac = kubernetes.client.RbacAuthorizationV1Api(api_client)
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self.coordination = kubernetes.client.CoordinationV1Api(api_client)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
 
     @classmethod
@@ -206,6 +207,8 @@ class Kube:
             "Service": (core.create_namespaced_service, None),
             "PersistentVolumeClaim": (core.create_namespaced_persistent_volume_claim, None),
             "RoleBinding": (rbac.create_namespaced_role_binding, None),
+            # Never replaced: it holds the trainer's latest progress record.
+            "Lease": (self.coordination.create_namespaced_lease, None),
         }
         for obj in objs:
             create, replace = methods[obj["kind"]]
@@ -235,6 +238,23 @@ class Kube:
             return None
         return spec if isinstance(spec, dict) else None
 
+    # --- the progress Lease (the trainer writes it; see core/observe.lease_view)
+    def get_lease(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return dict(_json(self.coordination.read_namespaced_lease, name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def watch_leases(self, namespace: str | None, version: str | None, timeout: int) -> Any:
+        """A watch stream of Leases with our job label, in one namespace or all."""
+        kw = self._watch_args(version, timeout)
+        kw["label_selector"] = LABEL_JOB_NAME
+        if namespace is None:
+            return self.coordination.list_lease_for_all_namespaces(**kw)
+        return self.coordination.list_namespaced_lease(namespace, **kw)
+
     def delete_children(self, namespace: str, job: str) -> None:
         """Delete everything labelled with the job, without waiting for the garbage collector
         to discover the CRD kind (up to 30 s after it is installed)."""
@@ -247,6 +267,7 @@ class Kube:
             self.core.delete_collection_namespaced_persistent_volume_claim,
             self.rbac.delete_collection_namespaced_role,
             self.rbac.delete_collection_namespaced_role_binding,
+            self.coordination.delete_collection_namespaced_lease,
         ):
             _call(delete, namespace, label_selector=selector)
         # Services have no delete-collection endpoint.

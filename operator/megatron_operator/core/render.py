@@ -29,6 +29,7 @@ from megatron_operator.core.names import (
     config_map_name,
     master_addr,
     pod_name,
+    progress_lease_name,
     pvc_name,
     service_name,
     trainer_account_name,
@@ -124,11 +125,21 @@ def pvc(job: MegatronJob) -> Obj | None:
     }
 
 
-def trainer_rbac(job: MegatronJob, plan: Plan) -> list[Obj]:
-    """A ServiceAccount whose Role can read and patch only this job's pods (for the progress
-    annotation) and nothing else."""
+def progress_lease(job: MegatronJob) -> Obj:
+    """The Lease rank 0 writes its progress record to (docs/contract.md §4). Its renewTime is
+    the heartbeat of the hang rule; the operator only creates it, the trainer only updates it."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": _meta(job, progress_lease_name(job.name)),
+        "spec": {},
+    }
+
+
+def trainer_rbac(job: MegatronJob) -> list[Obj]:
+    """A ServiceAccount whose Role can write only this job's progress Lease, and nothing else:
+    no pod verb at all, so user code cannot relabel its pod into a Service or another gang."""
     name = trainer_account_name(job.name)
-    pods = [pod_name(job.name, n) for n in range(plan.nodes)]
     return [
         {
             "apiVersion": "v1",
@@ -142,10 +153,10 @@ def trainer_rbac(job: MegatronJob, plan: Plan) -> list[Obj]:
             "metadata": _meta(job, name),
             "rules": [
                 {
-                    "apiGroups": [""],
-                    "resources": ["pods"],
-                    "resourceNames": pods,
-                    "verbs": ["get", "patch"],
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "resourceNames": [progress_lease_name(job.name)],
+                    "verbs": ["get", "update", "patch"],
                 }
             ],
         },
@@ -174,7 +185,7 @@ def _env(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> list[Obj
         e.CONFIG: DEFAULT_CONFIG_PATH,
         e.JOB_NAME: job.name,
         e.RESTART_ATTEMPT: str(attempt),
-        e.REPORT_TO_POD: "true",
+        e.PROGRESS_LEASE: progress_lease_name(job.name),
     }
     env: list[Obj] = [{"name": k, "value": v} for k, v in plain.items()]
     env += [
@@ -324,8 +335,9 @@ def pods(job: MegatronJob, plan: Plan, attempt: int) -> list[Obj]:
 
 
 def children(job: MegatronJob, plan: Plan) -> list[Obj]:
-    """The children other than pods, in creation order: identity, config, Service, claim."""
-    objs: list[Obj] = [*trainer_rbac(job, plan), config_map(job, plan), service(job)]
+    """The children other than pods, in creation order: identity, progress Lease, config,
+    Service, claim."""
+    objs: list[Obj] = [*trainer_rbac(job), progress_lease(job), config_map(job, plan), service(job)]
     claim = pvc(job)
     if claim is not None:
         objs.append(claim)
