@@ -11,6 +11,7 @@ import pytest
 
 from megatron_contract.paths import PROGRESS_ANNOTATION
 from megatron_operator.core.observe import lease_view
+from megatron_operator.local.runner import file_lease
 
 from .sim import T0, Sim
 from .specs import job_doc, spec_of
@@ -142,3 +143,13 @@ def test_a_renew_time_far_in_the_future_neither_raises_nor_keeps_the_job_alive()
     sim.tick(25)
     sim.step()
     assert sim.status["lastFailure"]["reason"] == "Hang"
+
+
+def test_mjob_run_local_reads_its_progress_file_as_the_lease() -> None:
+    record = {"attempt": 1, "iteration": 7, "loss": None, "time": "2026-11-22T12:00:00Z"}
+    view = file_lease(record)
+    assert view is not None and view.progress is not None
+    assert view.renew_time == T0 and view.progress.iteration == 7  # its time is the heartbeat
+    assert view.for_attempt(1) is view and view.for_attempt(0) is None
+    assert file_lease(None) is None
+    assert file_lease({"iteration": 7, "time": "2026-11-22T12:00:00Z"}) is None  # no attempt
