@@ -54,6 +54,18 @@ def test_a_record_not_in_the_contract_shape_is_no_progress(raw: dict[str, Any]) 
     assert view is not None and view.progress is None and view.for_attempt(0) is None
 
 
+def test_only_the_jobs_own_lease_counts() -> None:
+    mine = _lease(RECORD)
+    mine["metadata"]["ownerReferences"] = [
+        {"uid": "u-1", "controller": True, "kind": "MegatronJob"}
+    ]
+    assert lease_view(mine, "u-1") is not None
+    assert lease_view(mine, "u-2") is None  # a Lease of that name that someone else made
+    assert lease_view(_lease(RECORD), "u-1") is None  # no owner at all
+    mine["metadata"]["ownerReferences"][0]["controller"] = False
+    assert lease_view(mine, "u-1") is None
+
+
 def test_lease_view_of_odd_objects_never_raises() -> None:
     assert lease_view(None) is None
     assert lease_view({}) == lease_view({"metadata": None, "spec": None})

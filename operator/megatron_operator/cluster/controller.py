@@ -102,7 +102,10 @@ class Controller:
             not_ready_nodes=not_ready,
             known_nodes=frozenset(known) if known is not None else None,
             accepted_spec=accepted,
-            lease=lease_view(self.kube.get_lease(namespace, progress_lease_name(name))),
+            lease=lease_view(
+                self.kube.get_lease(namespace, progress_lease_name(name)),
+                job["metadata"].get("uid"),
+            ),
         )
         out = reconcile(world, self.settings)
         try:

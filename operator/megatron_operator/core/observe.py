@@ -199,11 +199,18 @@ class LeaseView:
         return self
 
 
-def lease_view(raw: dict[str, Any] | None) -> LeaseView | None:
-    """The Lease as the state machine sees it, or None when it does not exist yet."""
+def lease_view(raw: dict[str, Any] | None, job_uid: str | None = None) -> LeaseView | None:
+    """The Lease as the state machine sees it, or None when it does not exist yet, or (given
+    the job's uid) when it is not the job's own child: a Lease someone else made under that
+    name must not feed the job progress or heartbeats."""
     if not isinstance(raw, dict):
         return None
     meta = raw.get("metadata") or {}
+    if job_uid is not None and not any(
+        isinstance(ref, dict) and ref.get("controller") is True and ref.get("uid") == job_uid
+        for ref in meta.get("ownerReferences") or []
+    ):
+        return None
     spec = raw.get("spec") or {}
     annotations = meta.get("annotations") or {}
     holder = spec.get("holderIdentity")
