@@ -19,6 +19,7 @@ from megatron_contract.config import load_config
 from megatron_contract.env import RESERVED as RESERVED_ENV
 from megatron_contract.env import runtime_env
 from megatron_contract.exitcodes import ExitCode
+from megatron_contract.paths import PROGRESS_ANNOTATION
 from megatron_operator.api import load_file
 from megatron_operator.api.spec import RestartPolicySpec
 from megatron_operator.core.observe import parse_progress
@@ -66,6 +67,12 @@ def test_rendered_pods_parse_and_validate_in_the_trainer(path: Path, tmp_path: P
         assert rt.nnodes == p.nodes and rt.nproc_per_node == p.procs_per_node
         assert rt.node_rank == int(pod["metadata"]["labels"]["megatron.dev/node-rank"])
         assert rt.restart_attempt == 2
+        # The Lease the trainer writes is the one the operator creates and its Role names.
+        lease = next(o for o in objs if o["kind"] == "Lease")["metadata"]["name"]
+        role = next(o for o in objs if o["kind"] == "Role")
+        assert rt.progress_lease == lease == f"{job.name}-progress"
+        assert role["rules"][0]["resourceNames"] == [lease]
+        assert cfg.progress.annotation == PROGRESS_ANNOTATION  # the record's key on the Lease
         # Ranks contiguous per pod: the trainer's global rank matches the planner's node map.
         for local in range(rt.nproc_per_node):
             assert p.coord(rt.global_rank(local)).node == rt.node_rank
