@@ -2,7 +2,7 @@
 
 - `env`: the trainer container's environment (names, and the one parser).
 - `exitcodes`: what the trainer's exit code means.
-- `paths`: mount points, the config key, the checkpoint layout, the progress annotation.
+- `paths`: mount points, the config key, the checkpoint layout, the progress record's key.
 - `choices`: the allowed values of every enumerated config field.
 - `recipes`: the built-in model presets.
 - `config`: the resolved trainer configuration (typed dataclasses, one serialiser, one parser).

@@ -18,7 +18,8 @@ NPROC_PER_NODE: Final = "NPROC_PER_NODE"
 CONFIG: Final = "MEGATRON_CONFIG"
 JOB_NAME: Final = "MEGATRON_JOB_NAME"
 RESTART_ATTEMPT: Final = "MEGATRON_RESTART_ATTEMPT"
-REPORT_TO_POD: Final = "MEGATRON_REPORT_TO_POD"
+# The job's progress Lease (coordination.k8s.io/v1) that rank 0 writes; unset outside a cluster.
+PROGRESS_LEASE: Final = "MEGATRON_PROGRESS_LEASE"
 PROGRESS_FILE: Final = "MEGATRON_PROGRESS_FILE"
 POD_NAME: Final = "POD_NAME"
 POD_NAMESPACE: Final = "POD_NAMESPACE"
@@ -41,7 +42,7 @@ RESERVED: Final = frozenset(
         CONFIG,
         JOB_NAME,
         RESTART_ATTEMPT,
-        REPORT_TO_POD,
+        PROGRESS_LEASE,
         PROGRESS_FILE,
         POD_NAME,
         POD_NAMESPACE,
@@ -72,7 +73,7 @@ class RuntimeEnv:
     pod_namespace: str | None
     restart_attempt: int
     progress_file: str | None
-    report_to_pod: bool
+    progress_lease: str | None
     inject_failures: tuple[FailureInjection, ...]
 
     def global_rank(self, local_rank: int) -> int:
@@ -119,9 +120,6 @@ def runtime_env(environ: Mapping[str, str]) -> RuntimeEnv:
         )
     if node_rank is not None and nnodes is not None and node_rank >= nnodes:
         problems.append(f"{NODE_RANK} ({node_rank}) must be < {NNODES} ({nnodes})")
-    report = environ.get(REPORT_TO_POD, "false").strip().lower()
-    if report not in ("true", "false", ""):
-        problems.append(f"{REPORT_TO_POD}: expected 'true' or 'false', got {report!r}")
     injections = parse_injections(environ.get(INJECT_FAILURE, ""), problems)
     if problems:
         raise ConfigError(problems)
@@ -140,7 +138,7 @@ def runtime_env(environ: Mapping[str, str]) -> RuntimeEnv:
         pod_namespace=environ.get(POD_NAMESPACE) or None,
         restart_attempt=restart_attempt,
         progress_file=environ.get(PROGRESS_FILE) or None,
-        report_to_pod=report == "true",
+        progress_lease=environ.get(PROGRESS_LEASE) or None,
         inject_failures=injections,
     )
 

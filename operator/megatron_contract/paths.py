@@ -16,7 +16,8 @@ CHECKPOINT_MOUNT: Final = "/mnt/checkpoints"  # the checkpoint volume's mount
 TRACKER_FILE: Final = "latest_checkpointed_iteration.txt"
 ITER_DIR_RE: Final = re.compile(r"^iter_(\d{7})$")
 
-# Rank 0's progress report (docs/contract.md §4).
+# Rank 0's progress report (docs/contract.md §4): the JSON record is kept in this annotation of
+# the job's progress Lease (env PROGRESS_LEASE), whose spec.renewTime is the heartbeat.
 PROGRESS_ANNOTATION: Final = "megatron.dev/progress"
 PROGRESS_MIN_INTERVAL_SECONDS: Final = 10
 

@@ -19,6 +19,7 @@ from megatron_contract.config import load_config
 from megatron_contract.env import RESERVED as RESERVED_ENV
 from megatron_contract.env import runtime_env
 from megatron_contract.exitcodes import ExitCode
+from megatron_contract.paths import PROGRESS_ANNOTATION
 from megatron_operator.api import load_file
 from megatron_operator.api.spec import RestartPolicySpec
 from megatron_operator.core.observe import parse_progress
@@ -66,6 +67,12 @@ def test_rendered_pods_parse_and_validate_in_the_trainer(path: Path, tmp_path: P
         assert rt.nnodes == p.nodes and rt.nproc_per_node == p.procs_per_node
         assert rt.node_rank == int(pod["metadata"]["labels"]["megatron.dev/node-rank"])
         assert rt.restart_attempt == 2
+        # The Lease the trainer writes is the one the operator creates and its Role names.
+        lease = next(o for o in objs if o["kind"] == "Lease")["metadata"]["name"]
+        role = next(o for o in objs if o["kind"] == "Role")
+        assert rt.progress_lease == lease == f"{job.name}-progress"
+        assert role["rules"][0]["resourceNames"] == [lease]
+        assert cfg.progress.annotation == PROGRESS_ANNOTATION  # the record's key on the Lease
         # Ranks contiguous per pod: the trainer's global rank matches the planner's node map.
         for local in range(rt.nproc_per_node):
             assert p.coord(rt.global_rank(local)).node == rt.node_rank
@@ -84,13 +91,15 @@ def test_exit_codes_mean_to_the_operator_what_the_trainer_means() -> None:
 
 def test_progress_report_parses_in_the_operator() -> None:
     when = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
-    text = Report(120, 3.2143, 51234.5, 0.41, 100).to_json(when)
+    text = Report(120, 3.2143, 51234.5, 0.41, 100).to_json(2, when)
     parsed = parse_progress(text)
     assert parsed is not None
+    assert parsed.attempt == 2
     assert (parsed.iteration, parsed.loss, parsed.checkpoint_iteration) == (120, 3.2143, 100)
     assert parsed.tokens_per_second == 51234.5 and parsed.mfu == 0.41
     assert parsed.time == when
     assert set(json.loads(text)) == {
+        "attempt",
         "iteration",
         "loss",
         "tokensPerSecond",
@@ -99,7 +108,7 @@ def test_progress_report_parses_in_the_operator() -> None:
         "time",
     }
     # A diverged loss is null, which the operator accepts.
-    assert parse_progress(Report(5, float("nan"), None, None, None).to_json(when)) is not None
+    assert parse_progress(Report(5, float("nan"), None, None, None).to_json(0, when)) is not None
 
 
 def test_the_renderer_sets_exactly_the_reserved_env() -> None:

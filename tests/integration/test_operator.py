@@ -6,9 +6,7 @@ cluster driver (kwok chaos stages, the Eviction API).
 
 from __future__ import annotations
 
-import json
 import time
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .conftest import Cluster
@@ -206,44 +204,6 @@ def test_node_failure_restarts_without_counting(
         cluster.recover_node(victim)
 
 
-def _annotate_progress(cluster: Cluster, ns: str, pod: str, iteration: int, when: datetime) -> None:
-    body = {
-        "iteration": iteration,
-        "loss": 3.25,
-        "tokensPerSecond": 1000.0,
-        "mfu": 0.4,
-        "checkpointIteration": None,
-        "time": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-    cluster.kubectl(
-        "annotate", "pod", "-n", ns, pod, "--overwrite", f"megatron.dev/progress={json.dumps(body)}"
-    )
-
-
-def test_progress_is_copied_and_staleness_restarts_with_hang(
-    cluster: Cluster, namespace: str, operator: Op
-) -> None:
-    ns = namespace
-    cluster.apply(tiny_gpu_job("hang", nodes=2, restartPolicy={"hangTimeoutSeconds": 8}), ns)
-    wait_pods(cluster, ns, "hang", 2, phase="Running", attempt=0)
-    wait_phase(cluster, ns, "hang", "Running")
-    # Fresh progress keeps it alive well past the timeout.
-    for i in range(6):
-        _annotate_progress(cluster, ns, "hang-a0-0", 10 + i, datetime.now(UTC))
-        time.sleep(2)
-    st = status(cluster, ns, "hang")
-    assert st["phase"] == "Running" and st["restarts"] == 0
-    assert st["progress"]["iteration"] == 15
-    assert st["progressSummary"].startswith("15/100")
-    assert "15/100" in cluster.kubectl("get", "mj", "-n", ns, "hang").stdout
-    # A stale report: the job restarts with reason Hang once the timeout passes.
-    _annotate_progress(cluster, ns, "hang-a0-0", 16, datetime.now(UTC) - timedelta(hours=1))
-    wait_pods(cluster, ns, "hang", 2, attempt=1, timeout=60)
-    st = status(cluster, ns, "hang")
-    assert st["lastFailure"]["reason"] == "Hang"
-    assert st["restartsCounted"] == 1
-
-
 def test_suspend_resume_and_delete(cluster: Cluster, namespace: str, operator: Op) -> None:
     ns = namespace
     cluster.apply(tiny_gpu_job("pausable", nodes=2), ns)
@@ -317,41 +277,6 @@ def test_invalid_spec_slipping_past_the_crd_fails_cleanly(
     assert cond is not None and cond["reason"] == "InvalidSpec"
     assert "spec.resources.gpuMemoryGiB" in cond["message"]
     assert pods(cluster, namespace, "toofat") == []
-
-
-def test_trainer_rbac_is_its_own_pods_only(cluster: Cluster, namespace: str, operator: Op) -> None:
-    ns = namespace
-    cluster.apply(tiny_gpu_job("rbac", nodes=2), ns)
-    wait_pods(cluster, ns, "rbac", 2)
-    cluster.apply(tiny_gpu_job("other", nodes=1), ns)
-    wait_pods(cluster, ns, "other", 1)
-    sa = f"system:serviceaccount:{ns}:rbac-trainer"
-
-    def can(*args: str) -> str:
-        proc = cluster.kubectl("auth", "can-i", *args, f"--as={sa}", check=False)
-        return proc.stdout.strip()
-
-    assert can("patch", "pods/rbac-a0-0", "-n", ns) == "yes"
-    assert can("patch", "pods/rbac-a0-1", "-n", ns) == "yes"
-    assert can("get", "pods/rbac-a0-0", "-n", ns) == "yes"
-    assert can("patch", "pods/other-a0-0", "-n", ns) == "no"
-    assert can("delete", "pods/rbac-a0-0", "-n", ns) == "no"
-    assert can("create", "pods", "-n", ns) == "no"
-    assert can("list", "pods", "-n", ns) == "no"
-    assert can("get", "secrets", "-n", ns) == "no"
-    assert can("patch", "pods/rbac-a0-0", "-n", "default") == "no"
-    assert can("patch", "megatronjobs/rbac", "-n", ns) == "no"
-    # and it really works: patch the annotation as the trainer would
-    cluster.kubectl(
-        "annotate",
-        "pod",
-        "-n",
-        ns,
-        "rbac-a0-0",
-        "--overwrite",
-        f"--as={sa}",
-        "megatron.dev/progress={}",
-    )
 
 
 def test_job_body_keeps_no_kopf_state_in_status(

@@ -187,7 +187,7 @@ def test_missing_data_paths(tmp_path: Path) -> None:
 def test_env_contract() -> None:
     env = runtime_env({**ENV, "NNODES": "2", "NODE_RANK": "1", "WORLD_SIZE": "4"})
     assert env.global_rank(0) == 2 and env.global_rank(1) == 3  # contiguous per node
-    assert env.report_to_pod is False
+    assert env.progress_lease is None
     assert env.config_path == "/etc/megatron/config.json"
     with pytest.raises(ConfigError) as err:
         runtime_env({"MASTER_PORT": "x", "WORLD_SIZE": "3", "NNODES": "1", "NODE_RANK": "0"})

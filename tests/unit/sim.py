@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from megatron_contract.paths import PROGRESS_ANNOTATION as ANNOTATION_PROGRESS
-from megatron_operator.core.observe import format_time, pod_view
+from megatron_operator.core.observe import format_time, lease_view, pod_view
 from megatron_operator.core.policy import MIN_BACKOFF_SECONDS
 from megatron_operator.core.reconcile import Outcome, Settings, World, reconcile
 
@@ -32,6 +32,7 @@ class Sim:
     created: int = 0
     settings: Settings = field(default_factory=Settings)
     last: Outcome | None = None
+    lease: dict[str, Any] | None = None  # the job's progress Lease, once the shell made it
 
     @property
     def status(self) -> dict[str, Any]:
@@ -43,6 +44,7 @@ class Sim:
             pods=[pod_view(p) for p in self.pods.values()],
             now=self.now,
             not_ready_nodes=dict(self.not_ready),
+            lease=lease_view(copy.deepcopy(self.lease)),
         )
 
     def step(self, *, write_status: bool = True, max_creates: int | None = None) -> Outcome:
@@ -55,6 +57,9 @@ class Sim:
             pod = self.pods.get(name)
             if pod is not None:
                 pod["metadata"]["deletionTimestamp"] = format_time(self.now)
+        lease = next((o for o in out.create if o["kind"] == "Lease"), None)
+        if lease is not None and self.lease is None:  # get-or-create, never replaced
+            self.lease = copy.deepcopy(lease)
         pods = out.create_pods if max_creates is None else out.create_pods[:max_creates]
         for obj in copy.deepcopy(pods):
             name = obj["metadata"]["name"]
@@ -118,15 +123,18 @@ class Sim:
                 ],
             }
 
-    def report_progress(self, iteration: int, at: datetime | None = None) -> None:
-        rank0 = next(
-            p
-            for p in self.pods.values()
-            if p["metadata"]["labels"]["megatron.dev/node-rank"] == "0"
+    def report_progress(
+        self, iteration: int, at: datetime | None = None, attempt: int | None = None
+    ) -> None:
+        """Write the Lease as rank 0 of `attempt` (default: the current one) would."""
+        assert self.lease is not None, "the operator has not created the progress Lease yet"
+        if attempt is None:
+            attempt = int(self.status.get("restartAttempt", 0))
+        when = format_time(at or self.now)
+        self.lease["metadata"].setdefault("annotations", {})[ANNOTATION_PROGRESS] = json.dumps(
+            {"attempt": attempt, "iteration": iteration, "loss": 2.5, "time": when}
         )
-        rank0["metadata"].setdefault("annotations", {})[ANNOTATION_PROGRESS] = json.dumps(
-            {"iteration": iteration, "loss": 2.5, "time": format_time(at or self.now)}
-        )
+        self.lease["spec"] = {"holderIdentity": "job-0", "renewTime": when}
 
     def attempts(self) -> set[str]:
         return {p["metadata"]["labels"]["megatron.dev/restart-attempt"] for p in self.pods.values()}

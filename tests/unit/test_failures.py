@@ -23,7 +23,6 @@ RUNNING = PodView(
     terminated_reason=None,
     status_reason=None,
     disruption=None,
-    progress=None,
 )
 READY = Nodes(not_ready={}, known=frozenset({"node-a"}), lost_grace_seconds=30)
 

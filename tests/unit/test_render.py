@@ -138,17 +138,27 @@ def test_pvc_only_when_created_and_service_is_headless() -> None:
     assert svc["spec"]["publishNotReadyAddresses"] is True
 
 
-def test_trainer_role_allows_patching_only_its_pods() -> None:
-    job = job_of({"resources.nodes": 3, "training.globalBatchSize": 48})
-    role = next(o for o in render(job, plan(job.spec)) if o["kind"] == "Role")
+def test_trainer_role_allows_writing_only_its_progress_lease() -> None:
+    job = _with_uid(job_of({"resources.nodes": 3, "training.globalBatchSize": 48}))
+    objs = render(job, plan(job.spec))
+    role = next(o for o in objs if o["kind"] == "Role")
+    # No pod verb at all: user code cannot relabel its pod into a Service or another gang.
     assert role["rules"] == [
         {
-            "apiGroups": [""],
-            "resources": ["pods"],
-            "resourceNames": ["job-a0-0", "job-a0-1", "job-a0-2"],
-            "verbs": ["get", "patch"],
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["job-progress"],
+            "verbs": ["get", "update", "patch"],
         }
     ]
+    lease = next(o for o in objs if o["kind"] == "Lease")
+    assert lease["apiVersion"] == "coordination.k8s.io/v1"
+    assert lease["metadata"]["name"] == "job-progress"
+    owner = lease["metadata"]["ownerReferences"][0]
+    assert owner["controller"] is True and owner["uid"] == job.metadata.uid
+    for pod in _pods(objs):
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["MEGATRON_PROGRESS_LEASE"] == "job-progress"
 
 
 def test_config_map_holds_the_resolved_config() -> None:

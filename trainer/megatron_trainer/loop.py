@@ -34,7 +34,7 @@ from .flops import flops_per_step, tflops_per_gpu
 from .model import build_model, transformer_config
 from .numerics import NonFiniteLoss, check_loss, is_non_finite_grad_error, nan_injection_iteration
 from .platform import Platform, setup_platform
-from .progress import PodAnnotator, ProgressReporter, Report
+from .progress import LeaseWriter, ProgressReporter, Report
 from .signals import StopFlag, inject_failures
 from .telemetry import ProfilerWindow, Scalars
 
@@ -204,13 +204,17 @@ class Trainer:
         self.flops = flops_per_step(cfg.model, gbs)
         self.peak = self._peak_tflops()
         is_rank0 = self.rank == 0
-        annotator = None
-        if is_rank0 and env.report_to_pod:
-            annotator = PodAnnotator.in_cluster(
-                env.pod_namespace, env.pod_name, cfg.progress.annotation
+        lease = None
+        if is_rank0 and env.progress_lease:
+            lease = LeaseWriter.in_cluster(
+                env.pod_namespace, env.pod_name, env.progress_lease, cfg.progress.annotation
             )
         self.reporter = ProgressReporter(
-            is_rank0, env.progress_file, annotator, cfg.progress.min_interval_seconds
+            is_rank0,
+            env.progress_file,
+            lease,
+            cfg.progress.min_interval_seconds,
+            env.restart_attempt,
         )
         self.scalars = Scalars(
             os.path.join(cfg.checkpoint.dir, "tensorboard") if is_rank0 else None

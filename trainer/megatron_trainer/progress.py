@@ -1,6 +1,6 @@
-"""Rank 0's progress reports (contract §4): a stdout line, a JSON-lines file, a pod annotation.
+"""Rank 0's progress reports (contract §4): a stdout line, a JSON-lines file, the job's Lease.
 
-Reporting must never stop or slow training: the pod patch runs on a background thread with a
+Reporting must never stop or slow training: the Lease write runs on a background thread with a
 short timeout, only the newest pending report is sent, and every failure is logged and dropped.
 """
 
@@ -35,9 +35,12 @@ class Report:
     mfu: float | None
     checkpoint_iteration: int | None
 
-    def to_json(self, now: datetime | None = None) -> str:
+    def to_json(self, attempt: int, now: datetime | None = None) -> str:
+        """The record; `attempt` (the restart attempt) lets the operator ignore late writes of
+        an older attempt's pods."""
         stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
         body: dict[str, Any] = {
+            "attempt": attempt,
             "iteration": self.iteration,
             "loss": _finite(self.loss),
             "tokensPerSecond": _rounded(self.tokens_per_second, 1),
@@ -58,20 +61,46 @@ def _rounded(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-class PodAnnotator:
-    """PATCHes one pod's annotation through the API server, from a background thread."""
+def _micro_time(now: datetime) -> str:
+    """A Kubernetes MicroTime, the format of a Lease's renewTime."""
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _record_attempt(text: object) -> int | None:
+    try:
+        attempt = json.loads(text).get("attempt") if isinstance(text, str) else None
+    except (ValueError, AttributeError):
+        return None
+    return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None
+
+
+class LeaseWriter:
+    """Writes rank 0's record to the job's progress Lease, from a background thread.
+
+    Each write reads the Lease and updates it with its resourceVersion: the record goes into an
+    annotation, `spec.holderIdentity` names this pod and `spec.renewTime` is the heartbeat. A
+    Lease already holding a record of a later restart attempt is left alone, so a pod of an old
+    attempt that is still stopping cannot overwrite the new attempt's progress. The trainer's
+    Role allows get/update/patch on this one Lease only."""
+
+    CONFLICT_RETRIES = 3
 
     def __init__(
         self,
         api_url: str,
         namespace: str,
-        pod: str,
+        lease: str,
+        holder: str,
         annotation: str,
         token_path: str = f"{SERVICE_ACCOUNT_DIR}/token",
         ca_path: str | None = f"{SERVICE_ACCOUNT_DIR}/ca.crt",
         timeout: float = 5.0,
     ) -> None:
-        self.url = f"{api_url.rstrip('/')}/api/v1/namespaces/{namespace}/pods/{pod}"
+        self.url = (
+            f"{api_url.rstrip('/')}/apis/coordination.k8s.io/v1/namespaces/{namespace}"
+            f"/leases/{lease}"
+        )
+        self.holder = holder
         self.annotation = annotation
         self.token_path = token_path
         self.timeout = timeout
@@ -81,14 +110,15 @@ class PodAnnotator:
         self.pending: queue.Queue[str | None] = queue.Queue(maxsize=1)
         self.sent = 0
         self.failed = 0
-        self.thread = threading.Thread(target=self._run, name="progress-annotator", daemon=True)
+        self.superseded = 0  # writes dropped: the Lease holds a later attempt's record
+        self.thread = threading.Thread(target=self._run, name="progress-lease", daemon=True)
         self.thread.start()
 
     @classmethod
     def in_cluster(
-        cls, namespace: str | None, pod: str | None, annotation: str
-    ) -> PodAnnotator | None:
-        """The annotator for this pod, or None (logged) when not running in a cluster."""
+        cls, namespace: str | None, pod: str | None, lease: str, annotation: str
+    ) -> LeaseWriter | None:
+        """The writer for this job's Lease, or None (logged) when not running in a cluster."""
         host = os.environ.get("KUBERNETES_SERVICE_HOST")
         port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         if namespace is None:
@@ -108,16 +138,16 @@ class PodAnnotator:
         ]
         if missing:
             log.warning(
-                "MEGATRON_REPORT_TO_POD is true but %s is not set: progress goes to stdout only",
+                "MEGATRON_PROGRESS_LEASE is set but %s is not set: progress goes to stdout only",
                 ", ".join(missing),
             )
             return None
         assert host and pod and namespace
         host = f"[{host}]" if ":" in host else host  # IPv6 service address
-        return cls(f"https://{host}:{port}", namespace, pod, annotation)
+        return cls(f"https://{host}:{port}", namespace, lease, pod, annotation)
 
     def submit(self, payload: str) -> None:
-        """Queue a report; an older one still waiting is replaced (only the newest matters)."""
+        """Queue a record; an older one still waiting is replaced (only the newest matters)."""
         while True:
             try:
                 self.pending.put_nowait(payload)
@@ -143,33 +173,52 @@ class PodAnnotator:
             if payload is None:
                 return
             try:
-                self._patch(payload)
-                self.sent += 1
+                if self._write(payload):
+                    self.sent += 1
+                else:
+                    self.superseded += 1
+                    if self.superseded == 1:
+                        log.warning(
+                            "the progress Lease holds a later attempt's record: not written"
+                        )
             except Exception as err:  # never let reporting kill the trainer
                 self.failed += 1
                 if self.failed <= 3 or self.failed % 100 == 0:
-                    log.warning(
-                        "progress annotation patch failed (%d so far): %s", self.failed, err
-                    )
+                    log.warning("progress Lease write failed (%d so far): %s", self.failed, err)
 
-    def _patch(self, payload: str) -> None:
+    def _write(self, payload: str) -> bool:
+        """Read-modify-update; False when a later attempt's record is there."""
+        mine = _record_attempt(payload)
+        for tries in range(self.CONFLICT_RETRIES):
+            lease = json.loads(self._request("GET"))
+            meta = lease.setdefault("metadata", {})
+            annotations = meta.get("annotations") or {}
+            theirs = _record_attempt(annotations.get(self.annotation))
+            if theirs is not None and (mine is None or theirs > mine):
+                return False
+            meta["annotations"] = {**annotations, self.annotation: payload}
+            spec = lease.setdefault("spec", {})
+            spec["holderIdentity"] = self.holder
+            spec["renewTime"] = _micro_time(datetime.now(UTC))
+            try:
+                self._request("PUT", json.dumps(lease).encode())  # carries its resourceVersion
+                return True
+            except urllib.error.HTTPError as err:
+                if err.code != 409 or tries == self.CONFLICT_RETRIES - 1:
+                    raise  # 409: someone wrote in between; read again
+        return False
+
+    def _request(self, method: str, body: bytes | None = None) -> bytes:
         with open(self.token_path, encoding="utf-8") as f:
             token = f.read().strip()  # re-read: projected tokens rotate
-        body = json.dumps({"metadata": {"annotations": {self.annotation: payload}}}).encode()
-        request = urllib.request.Request(
-            self.url,
-            data=body,
-            method="PATCH",
-            headers={
-                "Authorization": f"Bearer {token}",
-                "Content-Type": "application/merge-patch+json",
-                "Accept": "application/json",
-            },
-        )
+        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(self.url, data=body, method=method, headers=headers)
         with urllib.request.urlopen(
             request, timeout=self.timeout, context=self.context
         ) as response:
-            response.read()
+            return bytes(response.read())
 
 
 class ProgressReporter:
@@ -179,20 +228,22 @@ class ProgressReporter:
         self,
         enabled: bool,
         progress_file: str | None,
-        annotator: PodAnnotator | None,
+        lease: LeaseWriter | None,
         min_interval_seconds: float,
+        attempt: int,
     ) -> None:
         self.enabled = enabled
         self.progress_file = progress_file
-        self.annotator = annotator
+        self.lease = lease
         self.min_interval = min_interval_seconds
-        self.last_patch = float("-inf")
+        self.attempt = attempt
+        self.last_write = float("-inf")
 
     def report(self, report: Report, force: bool = False) -> None:
-        """Print, append and (rate-limited unless `force`) annotate. Never raises."""
+        """Print, append and (rate-limited unless `force`) write the Lease. Never raises."""
         if not self.enabled:
             return
-        payload = report.to_json()
+        payload = report.to_json(self.attempt)
         print(STDOUT_PREFIX + payload, flush=True)
         if self.progress_file:
             try:
@@ -201,10 +252,10 @@ class ProgressReporter:
             except OSError as err:
                 log.warning("cannot append progress to %s: %s", self.progress_file, err)
         now = time.monotonic()
-        if self.annotator and (force or now - self.last_patch >= self.min_interval):
-            self.last_patch = now
-            self.annotator.submit(payload)
+        if self.lease and (force or now - self.last_write >= self.min_interval):
+            self.last_write = now
+            self.lease.submit(payload)
 
     def close(self) -> None:
-        if self.annotator:
-            self.annotator.close()
+        if self.lease:
+            self.lease.close()

@@ -93,7 +93,7 @@ class FailureRecord(ApiModel):
 
 
 class Progress(ApiModel):
-    """Latest progress reported by trainer rank 0 (pod annotation megatron.dev/progress)."""
+    """Latest progress reported by trainer rank 0 (the job's progress Lease, `<job>-progress`)."""
 
     iteration: int = Field(description="Last completed optimizer step.")
     loss: float | None = Field(None, description="Training loss at that step.")

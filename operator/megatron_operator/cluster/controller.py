@@ -21,7 +21,8 @@ from megatron_operator.cluster.errors import ApiError, ErrorKind, classify
 from megatron_operator.cluster.kube import ChildConflict, Conflict, Kube, Rejected
 from megatron_operator.cluster.metrics import Metrics
 from megatron_operator.core.backoff import Backoff
-from megatron_operator.core.observe import parse_time, pod_view
+from megatron_operator.core.names import progress_lease_name
+from megatron_operator.core.observe import lease_view, parse_time, pod_view
 from megatron_operator.core.reconcile import Outcome, Settings, World, reconcile
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,10 @@ class Controller:
             job = self.kube.get_job(namespace, name)
             if job is None:
                 return
-            world = self._world(job, [], None, self.kube.accepted_spec(namespace, name))
+            # The real pods: the status written here must be the one a full reconcile would
+            # write (an empty pod list would read as every pod gone).
+            raw_pods = self.kube.list_pods(namespace, name)
+            world = self._world(job, raw_pods, None, self.kube.accepted_spec(namespace, name))
             out = reconcile(world, self.settings)
             self._write_status(job, out)
         except Exception as exc:  # best effort: the next reconcile tries again
@@ -129,6 +133,7 @@ class Controller:
         accepted: Mapping[str, Any] | None,
     ) -> World:
         meta = job["metadata"]
+        namespace, name = str(meta["namespace"]), str(meta["name"])
         pods = [pod_view(p) for p in raw_pods]
         not_ready: dict[str, datetime] = {}
         known: set[str] | None = None
@@ -147,7 +152,11 @@ class Controller:
             not_ready_nodes=not_ready,
             known_nodes=frozenset(known) if known is not None else None,
             accepted_spec=accepted,
-            refusal=self.refusals.get((str(meta["namespace"]), str(meta["name"]))),
+            refusal=self.refusals.get((namespace, name)),
+            lease=lease_view(
+                self.kube.get_lease(namespace, progress_lease_name(name)),
+                meta.get("uid"),
+            ),
         )
 
     def _reconcile(

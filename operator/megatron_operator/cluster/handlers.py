@@ -26,7 +26,13 @@ from megatron_operator.api.job import GROUP, PLURAL, VERSION
 from megatron_operator.cluster.controller import Controller, NodeLookup
 from megatron_operator.cluster.health import Health
 from megatron_operator.cluster.leader import LeaderElector
-from megatron_operator.cluster.watch import NodeReadiness, Watcher, node_watcher, pod_watchers
+from megatron_operator.cluster.watch import (
+    NodeReadiness,
+    Watcher,
+    lease_watchers,
+    node_watcher,
+    pod_watchers,
+)
 from megatron_operator.core.names import DOMAIN, FINALIZER
 
 log = logging.getLogger(__name__)
@@ -155,7 +161,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.startup()
 async def start(memo: kopf.Memo, **_: Any) -> None:
-    """Start the reconcile pool, and the pod and node watches (light threads, watch.py)."""
+    """Start the reconcile pool, and the pod, Lease and node watches (light threads, watch.py)."""
     runtime = _runtime(memo)
     runtime.pool = ThreadPoolExecutor(max_workers=RECONCILE_WORKERS, thread_name_prefix="reconcile")
     loop = asyncio.get_running_loop()
@@ -170,6 +176,7 @@ async def start(memo: kopf.Memo, **_: Any) -> None:
     runtime.nodes = NodeReadiness(wake_all)
     runtime.watchers = [
         *pod_watchers(kube, list(runtime.namespaces), wake),
+        *lease_watchers(kube, list(runtime.namespaces), wake),
         node_watcher(kube, runtime.nodes),
     ]
     for w in runtime.watchers:

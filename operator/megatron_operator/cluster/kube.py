@@ -85,6 +85,7 @@ class Kube:
         self.rbac = kubernetes.client.RbacAuthorizationV1Api(api_client)
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
         self.networking = kubernetes.client.NetworkingV1Api(api_client)
+        self.coordination = kubernetes.client.CoordinationV1Api(api_client)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
 
     @classmethod
@@ -287,6 +288,13 @@ class Kube:
                 net.replace_namespaced_network_policy,
                 net.delete_namespaced_network_policy,
             ),
+            # Created, never replaced: it holds the trainer's latest progress record.
+            "Lease": (
+                self.coordination.create_namespaced_lease,
+                self.coordination.read_namespaced_lease,
+                self.coordination.replace_namespaced_lease,
+                self.coordination.delete_namespaced_lease,
+            ),
             "Pod": (
                 core.create_namespaced_pod,
                 core.read_namespaced_pod,
@@ -351,6 +359,34 @@ class Kube:
             return None
         return spec if isinstance(spec, dict) else None
 
+    # --- the progress Lease (the trainer writes it; see core/observe.lease_view)
+    def get_lease(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return dict(_json(self.coordination.read_namespaced_lease, name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list_all_leases(self, namespace: str | None) -> tuple[list[Obj], str | None]:
+        """Every Lease with our job label (in one namespace or all), and the version to watch
+        from."""
+        co, selector = self.coordination, LABEL_JOB_NAME
+        if namespace is None:
+            doc = _json(co.list_lease_for_all_namespaces, label_selector=selector)
+        else:
+            doc = _json(co.list_namespaced_lease, namespace, label_selector=selector)
+        version = (doc.get("metadata") or {}).get("resourceVersion")
+        return list(doc.get("items") or []), str(version) if version else None
+
+    def watch_leases(self, namespace: str | None, version: str | None, timeout: int) -> Any:
+        """A watch stream of Leases with our job label, in one namespace or all."""
+        kw = self._watch_args(version, timeout)
+        kw["label_selector"] = LABEL_JOB_NAME
+        if namespace is None:
+            return self.coordination.list_lease_for_all_namespaces(**kw)
+        return self.coordination.list_namespaced_lease(namespace, **kw)
+
     def delete_children(self, namespace: str, job: str, uid: str) -> None:
         """Delete the children a deleted job controlled (its uid in their controller
         ownerReference), each by uid, without waiting for the garbage collector to discover
@@ -367,6 +403,7 @@ class Kube:
             ("RoleBinding", rbac.list_namespaced_role_binding),
             ("Service", core.list_namespaced_service),
             ("NetworkPolicy", net.list_namespaced_network_policy),
+            ("Lease", self.coordination.list_namespaced_lease),
         ):
             try:
                 items = _json(list_, namespace, label_selector=selector).get("items") or []

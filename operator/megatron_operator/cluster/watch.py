@@ -1,4 +1,4 @@
-"""Light watches of pods and nodes, feeding wake-ups to the job loops.
+"""Light watches of pods, progress Leases and nodes, feeding wake-ups to the job loops.
 
 kopf runs every event through its full handler pipeline (a few milliseconds of Python each). A
 1,024-pod gang produces ~4,000 pod events in seconds (created, bound, running, ...), and a big
@@ -157,30 +157,48 @@ class NodeReadiness:
             return True, self.nodes[node]
 
 
-def pod_watchers(
-    kube: Kube, namespaces: list[str], wake: Callable[[str, str], None]
+def _job_watchers(
+    kind: str,
+    start: Callable[[str | None, str | None, int], Any],
+    list_all: Callable[[str | None], tuple[list[dict[str, Any]], str | None]],
+    namespaces: list[str],
+    wake: Callable[[str, str], None],
 ) -> list[Watcher]:
-    """One watch per namespace (or one cluster-wide) of the pods carrying our job label."""
+    """One watch per namespace (or one cluster-wide) of the objects carrying our job label."""
 
-    def handle(kind: str, pod: dict[str, Any]) -> None:
-        meta = pod.get("metadata") or {}
+    def handle(event: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
         job = (meta.get("labels") or {}).get(LABEL_JOB_NAME)
         if job and meta.get("namespace"):
             wake(meta["namespace"], job)
 
     def watcher(name: str, namespace: str | None) -> Watcher:
-        # Listed first, like the nodes: `synced` then means every existing pod was seen, which
-        # the readiness probe reports.
+        # Listed first, like the nodes: `synced` then means every existing object was seen,
+        # which the readiness probe reports.
         return Watcher(
             name,
-            lambda version: kube.watch_pods(namespace, version, WATCH_SECONDS),
+            lambda version: start(namespace, version, WATCH_SECONDS),
             handle,
-            list_all=lambda: kube.list_all_pods(namespace),
+            list_all=lambda: list_all(namespace),
         )
 
     if not namespaces:
-        return [watcher("pods", None)]
-    return [watcher(f"pods/{ns}", ns) for ns in namespaces]
+        return [watcher(kind, None)]
+    return [watcher(f"{kind}/{ns}", ns) for ns in namespaces]
+
+
+def pod_watchers(
+    kube: Kube, namespaces: list[str], wake: Callable[[str, str], None]
+) -> list[Watcher]:
+    return _job_watchers("pods", kube.watch_pods, kube.list_all_pods, namespaces, wake)
+
+
+def lease_watchers(
+    kube: Kube, namespaces: list[str], wake: Callable[[str, str], None]
+) -> list[Watcher]:
+    """The progress Leases: a trainer's write wakes its job, so status.progress follows it and
+    the hang deadline moves."""
+    return _job_watchers("leases", kube.watch_leases, kube.list_all_leases, namespaces, wake)
 
 
 def node_watcher(kube: Kube, readiness: NodeReadiness) -> Watcher:

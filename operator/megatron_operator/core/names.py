@@ -58,6 +58,11 @@ def trainer_account_name(job: str) -> str:
     return f"{job}-trainer"
 
 
+def progress_lease_name(job: str) -> str:
+    """The Lease rank 0 writes its progress record to; the trainer's Role names only it."""
+    return f"{job}-progress"
+
+
 def master_addr(job: str, namespace: str) -> str:
     """Stable DNS name of node 0's pod through the headless Service."""
     return f"{hostname(job, 0)}.{service_name(job)}.{namespace}.svc"

@@ -1,4 +1,4 @@
-"""What the operator sees of a pod or a node, parsed from raw API JSON (pure).
+"""What the operator sees of a pod, a node or the progress Lease, parsed from raw API JSON (pure).
 
 Raw dicts (camelCase, as the apiserver sends them) go in; small frozen views come out. Parsing is
 defensive: a pod written by someone else, or half-initialised, never raises.
@@ -47,8 +47,9 @@ def _int(value: object) -> int | None:
 
 @dataclass(frozen=True)
 class Progress:
-    """A parsed `megatron.dev/progress` annotation (docs/contract.md §4)."""
+    """A parsed progress record (docs/contract.md §4), of restart attempt `attempt`."""
 
+    attempt: int
     iteration: int
     loss: float | None
     tokens_per_second: float | None
@@ -77,7 +78,8 @@ def _float(value: object) -> float | None:
 
 
 def parse_progress(text: object) -> Progress | None:
-    """The annotation's JSON, or None when missing or not in the contract's shape."""
+    """The record's JSON, or None when missing or not in the contract's shape (a record without
+    its attempt cannot be told from a late write of an old attempt, so it is not used)."""
     if not isinstance(text, str):
         return None
     try:
@@ -86,11 +88,13 @@ def parse_progress(text: object) -> Progress | None:
         return None
     if not isinstance(doc, dict):
         return None
+    attempt = _int(doc.get("attempt"))
     iteration = _int(doc.get("iteration"))
     when = parse_time(doc.get("time"))
-    if iteration is None or when is None:
+    if attempt is None or iteration is None or when is None:
         return None
     return Progress(
+        attempt=attempt,
         iteration=iteration,
         loss=_float(doc.get("loss")),
         tokens_per_second=_float(doc.get("tokensPerSecond")),
@@ -113,7 +117,6 @@ class PodView:
     terminated_reason: str | None  # e.g. OOMKilled, Error, Completed
     status_reason: str | None  # pod.status.reason, e.g. Evicted
     disruption: str | None  # reason of a True DisruptionTarget condition
-    progress: Progress | None
     unschedulable: str | None = None  # the scheduler's message while it cannot place the pod
     uid: str | None = None  # deletes carry it as a precondition
     owner_uid: str | None = None  # uid of the controller ownerReference: whose pod it is
@@ -163,7 +166,6 @@ def _disruption(status: dict[str, Any]) -> str | None:
 def pod_view(raw: dict[str, Any]) -> PodView:
     meta = raw.get("metadata") or {}
     labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
     status = raw.get("status") or {}
     spec = raw.get("spec") or {}
     exit_code, term_reason = _trainer_state(status)
@@ -179,7 +181,6 @@ def pod_view(raw: dict[str, Any]) -> PodView:
         terminated_reason=term_reason,
         status_reason=status.get("reason"),
         disruption=_disruption(status),
-        progress=parse_progress(annotations.get(PROGRESS_ANNOTATION)),
         unschedulable=_unschedulable(status),
         uid=meta.get("uid"),
         owner_uid=controller_uid(meta),
@@ -194,6 +195,44 @@ def controller_uid(meta: Any) -> str | None:
             uid = ref.get("uid")
             return uid if isinstance(uid, str) else None
     return None
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """The job's progress Lease: rank 0's latest record and its heartbeat (spec.renewTime)."""
+
+    holder: str | None  # the pod that wrote last (spec.holderIdentity)
+    renew_time: datetime | None
+    progress: Progress | None
+
+    def for_attempt(self, attempt: int) -> LeaseView | None:
+        """This view if its record belongs to `attempt`: a late write of an older attempt (a
+        pod still stopping) is neither progress nor a heartbeat of the current one."""
+        if self.progress is None or self.progress.attempt != attempt:
+            return None
+        return self
+
+
+def lease_view(raw: dict[str, Any] | None, job_uid: str | None = None) -> LeaseView | None:
+    """The Lease as the state machine sees it, or None when it does not exist yet, or (given
+    the job's uid) when it is not the job's own child: a Lease someone else made under that
+    name must not feed the job progress or heartbeats."""
+    if not isinstance(raw, dict):
+        return None
+    meta = raw.get("metadata") or {}
+    if job_uid is not None and not any(
+        isinstance(ref, dict) and ref.get("controller") is True and ref.get("uid") == job_uid
+        for ref in meta.get("ownerReferences") or []
+    ):
+        return None
+    spec = raw.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    holder = spec.get("holderIdentity")
+    return LeaseView(
+        holder=holder if isinstance(holder, str) else None,
+        renew_time=parse_time(spec.get("renewTime")),
+        progress=parse_progress(annotations.get(PROGRESS_ANNOTATION)),
+    )
 
 
 def node_not_ready_since(raw: dict[str, Any], now: datetime) -> datetime | None:

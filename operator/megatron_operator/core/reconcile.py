@@ -37,7 +37,7 @@ from megatron_operator.core.conditions import reason_of, set_condition
 from megatron_operator.core.failures import Nodes, classify
 from megatron_operator.core.jobstatus import JobStatus
 from megatron_operator.core.names import pod_name
-from megatron_operator.core.observe import PodView, Progress, format_time, parse_time
+from megatron_operator.core.observe import LeaseView, PodView, Progress, format_time, parse_time
 from megatron_operator.core.planner import Plan, plan
 from megatron_operator.core.policy import (
     UNCOUNTED_WINDOW_SECONDS,
@@ -51,6 +51,7 @@ from megatron_operator.core.render import children, pod
 Obj = dict[str, Any]
 C = ConditionType
 CONFLICT_RETRY_SECONDS = 15.0  # look again for the conflicting object to be gone
+CLOCK_SKEW_SECONDS = 60.0  # how far ahead of ours a pod's clock may be
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class World:
     # An object with one of the job's child names exists and is not the job's (kind/name and
     # whose): nothing is created, and the job says so (core/ownership.py decides).
     conflict: str | None = None
+    lease: LeaseView | None = None  # rank 0's progress Lease (None: not there yet)
 
 
 @dataclass(frozen=True)
@@ -302,7 +304,7 @@ class _Machine:
         for x in self.pods:
             (current if x.attempt == n else stale).append(x)
         self.delete(stale)
-        self.copy_progress(job, current)
+        self.copy_progress(job)
 
         if self.st.phase == Phase.RESTARTING and not self.restart_wait_over(job, stale):
             return
@@ -349,7 +351,7 @@ class _Machine:
         # Only the pods to create are rendered: a huge job never sits in memory whole.
         isolate = self.s.network_policy
         self.out.create = [
-            *children(job, p, n, isolate=isolate),
+            *children(job, p, isolate=isolate),
             *(pod(job, p, r, n) for r in missing),
         ]
 
@@ -387,8 +389,9 @@ class _Machine:
             return None
         rank0 = next((x for x in current if x.node_rank == 0), None)
         last = since
-        if rank0 is not None and rank0.progress is not None:
-            last = max(last, rank0.progress.time)
+        beat = self.heartbeat()
+        if beat is not None:
+            last = max(last, beat)
         deadline = last + timedelta(seconds=timeout)
         if self.now < deadline:
             self.deadlines.append(deadline)
@@ -487,11 +490,26 @@ class _Machine:
             self.st.running_since = None
             self.cond(C.RUNNING, False, Reason.PODS_NOT_RUNNING, "not every pod is running")
 
-    def copy_progress(self, job: MegatronJob, current: list[PodView]) -> None:
-        rank0 = next((x for x in current if x.node_rank == 0 and x.progress is not None), None)
-        if rank0 is None or rank0.progress is None:
+    def lease(self) -> LeaseView | None:
+        """The progress Lease, if its record belongs to the current attempt."""
+        lease = self.w.lease
+        return lease.for_attempt(self.st.restart_attempt) if lease is not None else None
+
+    def heartbeat(self) -> datetime | None:
+        """The Lease's renewTime. One beyond a small clock skew is no heartbeat: a year-9999
+        stamp would overflow the hang deadline, or postpone it forever."""
+        lease = self.lease()
+        if lease is None or lease.renew_time is None:
+            return None
+        if lease.renew_time > self.now + timedelta(seconds=CLOCK_SKEW_SECONDS):
+            return None
+        return min(lease.renew_time, self.now)
+
+    def copy_progress(self, job: MegatronJob) -> None:
+        lease = self.lease()
+        if lease is None or lease.progress is None:
             return
-        prog = rank0.progress
+        prog = lease.progress
         old_time = parse_time((self.st.progress or {}).get("time"))
         if old_time is not None and old_time >= prog.time:
             return

@@ -31,6 +31,7 @@ from megatron_operator.core.names import (
     master_addr,
     network_policy_name,
     pod_name,
+    progress_lease_name,
     pvc_name,
     service_name,
     trainer_account_name,
@@ -143,11 +144,21 @@ def pvc(job: MegatronJob) -> Obj | None:
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}
 
 
-def trainer_rbac(job: MegatronJob, plan: Plan, attempt: int = 0) -> list[Obj]:
-    """A ServiceAccount whose Role can read and patch only this attempt's pods (for the progress
-    annotation) and nothing else."""
+def progress_lease(job: MegatronJob) -> Obj:
+    """The Lease rank 0 writes its progress record to (docs/contract.md §4). Its renewTime is
+    the heartbeat of the hang rule; the operator only creates it, the trainer only updates it."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": _meta(job, progress_lease_name(job.name)),
+        "spec": {},
+    }
+
+
+def trainer_rbac(job: MegatronJob) -> list[Obj]:
+    """A ServiceAccount whose Role can write only this job's progress Lease, and nothing else:
+    no pod verb at all, so user code cannot relabel its pod into a Service or another gang."""
     name = trainer_account_name(job.name)
-    pods = [pod_name(job.name, n, attempt) for n in range(plan.nodes)]
     return [
         {
             "apiVersion": "v1",
@@ -161,10 +172,10 @@ def trainer_rbac(job: MegatronJob, plan: Plan, attempt: int = 0) -> list[Obj]:
             "metadata": _meta(job, name),
             "rules": [
                 {
-                    "apiGroups": [""],
-                    "resources": ["pods"],
-                    "resourceNames": pods,
-                    "verbs": ["get", "patch"],
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "resourceNames": [progress_lease_name(job.name)],
+                    "verbs": ["get", "update", "patch"],
                 }
             ],
         },
@@ -193,7 +204,7 @@ def _env(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> list[Obj
         e.CONFIG: DEFAULT_CONFIG_PATH,
         e.JOB_NAME: job.name,
         e.RESTART_ATTEMPT: str(attempt),
-        e.REPORT_TO_POD: "true",
+        e.PROGRESS_LEASE: progress_lease_name(job.name),
     }
     env: list[Obj] = [{"name": k, "value": v} for k, v in plain.items()]
     env += [
@@ -343,10 +354,10 @@ def pods(job: MegatronJob, plan: Plan, attempt: int) -> list[Obj]:
     return [pod(job, plan, n, attempt) for n in range(plan.nodes)]
 
 
-def children(job: MegatronJob, plan: Plan, attempt: int = 0, *, isolate: bool = False) -> list[Obj]:
-    """The children other than pods, in creation order: identity, config, Service, claim, and
-    with `isolate` the NetworkPolicy (the operator's --network-policy)."""
-    objs: list[Obj] = [*trainer_rbac(job, plan, attempt), config_map(job, plan), service(job)]
+def children(job: MegatronJob, plan: Plan, *, isolate: bool = False) -> list[Obj]:
+    """The children other than pods, in creation order: identity, progress Lease, config,
+    Service, claim, and with `isolate` the NetworkPolicy (the operator's --network-policy)."""
+    objs: list[Obj] = [*trainer_rbac(job), progress_lease(job), config_map(job, plan), service(job)]
     if isolate:
         objs.append(network_policy(job))
     claim = pvc(job)
@@ -357,7 +368,7 @@ def children(job: MegatronJob, plan: Plan, attempt: int = 0, *, isolate: bool = 
 
 def render(job: MegatronJob, plan: Plan, attempt: int = 0, *, isolate: bool = False) -> list[Obj]:
     """Every child object, in creation order: identity and config first, then pods."""
-    return [*children(job, plan, attempt, isolate=isolate), *pods(job, plan, attempt)]
+    return [*children(job, plan, isolate=isolate), *pods(job, plan, attempt)]
 
 
 def as_list(objs: list[Obj]) -> Obj:

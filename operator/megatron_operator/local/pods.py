@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megatron_contract.env import PROGRESS_LEASE
 from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY
 
 
@@ -92,9 +93,10 @@ def local_pods(
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             MEGATRON_CONFIG=str(layout.config),
-            MEGATRON_REPORT_TO_POD="false",
             MEGATRON_PROGRESS_FILE=str(layout.progress),
         )
+        # No apiserver here: progress goes to the file, which the runner follows.
+        env.pop(PROGRESS_LEASE, None)
         argv = list(container["command"]) + list(container.get("args", []))
         if argv and argv[0] == "python":
             argv[0] = python  # the image's interpreter is this environment's

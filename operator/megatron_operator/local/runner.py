@@ -1,8 +1,8 @@
 """Run a job's pods as local process groups, driven by the operator's own state machine.
 
-Each poll observes the process groups as pods (Running, Succeeded, or Failed with the exit code,
-rank 0's progress from the trainer's progress file) and hands them to `core.reconcile`, exactly
-as the operator hands it the pods it watches. The Outcome is applied the same way too: delete
+Each poll observes the process groups as pods (Running, Succeeded, or Failed with the exit code)
+and rank 0's latest record in the trainer's progress file as the job's progress Lease, and hands
+them to `core.reconcile`, exactly as the operator hands it the pods and the Lease it watches. The Outcome is applied the same way too: delete
 pods (SIGTERM to the process group, SIGKILL after the grace period), then create the new
 attempt's pods (start processes with the rendered pod's command and env). Failure rules, gang
 restarts, backoff, maxRestarts and hang detection therefore cannot differ between a laptop and
@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from megatron_operator.api.job import API_VERSION, KIND, MegatronJob
 from megatron_operator.api.status import Phase
-from megatron_operator.core.observe import PodView, parse_progress
+from megatron_operator.core.observe import LeaseView, PodView, parse_progress
 from megatron_operator.core.planner import Plan
 from megatron_operator.core.reconcile import Outcome, World, reconcile
 
@@ -56,12 +56,11 @@ class Running:
     log: IO[bytes]
     code: int | None = None
 
-    def view(self, uid: str | None, progress: dict[str, Any] | None) -> PodView:
-        """The pod as the state machine sees pods: a phase, an exit code, rank 0's progress."""
+    def view(self, uid: str | None) -> PodView:
+        """The pod as the state machine sees pods: a phase and an exit code."""
         if self.code is None:
             self.code = self.proc.poll()
         phase = "Running" if self.code is None else "Succeeded" if self.code == 0 else "Failed"
-        report = parse_progress(json.dumps(progress)) if progress and self.node_rank == 0 else None
         return PodView(
             name=self.name,
             job_uid=uid,
@@ -79,8 +78,16 @@ class Running:
             else "Error",
             status_reason=None,
             disruption=None,
-            progress=report,
         )
+
+
+def file_lease(latest: dict[str, Any] | None) -> LeaseView | None:
+    """The progress file's newest record as the cluster's progress Lease: the record, and its
+    time as the heartbeat (renewTime) of the hang rule."""
+    record = parse_progress(json.dumps(latest)) if latest else None
+    if record is None:
+        return None
+    return LeaseView(holder=None, renew_time=record.time, progress=record)
 
 
 @dataclass
@@ -159,8 +166,9 @@ class LocalRunner:
                 self._stop(list(self.pods.values()))
                 return self._interrupted()
             uid = self.job.metadata.uid
-            views = [r.view(uid, self.progress.latest) for r in self.pods.values()]
-            out = reconcile(World(job=self.doc, pods=views, now=datetime.now(UTC)))
+            views = [r.view(uid) for r in self.pods.values()]
+            lease = file_lease(self.progress.latest)
+            out = reconcile(World(job=self.doc, pods=views, now=datetime.now(UTC), lease=lease))
             self._apply(out)
             status = self.doc["status"]
             if status.get("phase") in (Phase.SUCCEEDED, Phase.FAILED):
