@@ -31,6 +31,7 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     PODS_SCHEDULED = "PodsScheduled"
+    ADMITTED = "Admitted"  # Kueue admitted the job's Workload (queued jobs only)
 
 
 class Reason(StrEnum):
@@ -51,6 +52,10 @@ class Reason(StrEnum):
     FAILURE_POLICY = "FailurePolicy"
     UNSCHEDULABLE = "Unschedulable"
     ALL_PODS_SCHEDULED = "AllPodsScheduled"
+    QUEUED = "Queued"  # waiting for Kueue's admission (the message is Kueue's own)
+    ADMITTED = "Admitted"
+    EVICTED = "Evicted"  # Kueue took the quota back (preemption, deactivation, ...)
+    ADMISSION_CONFLICT = "AdmissionConflict"  # the admitted flavor contradicts the job's pods
 
 
 class EventType(StrEnum):
@@ -122,3 +127,12 @@ class MegatronJobStatus(ApiModel):
         None, description="While Restarting: when the next attempt starts (after backoff)."
     )
     workload: str | None = Field(None, description="Kueue Workload name, when queued.")
+    local_queue: str | None = Field(
+        None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name), when queued."
+    )
+    cluster_queue: str | None = Field(
+        None, description="Kueue ClusterQueue that admitted the Workload, while admitted."
+    )
+    flavors: list[str] | None = Field(
+        None, description="Kueue ResourceFlavors of the admission, while admitted."
+    )

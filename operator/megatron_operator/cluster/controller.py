@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from megatron_operator.cluster.kube import Conflict, Kube, Rejected
 from megatron_operator.cluster.metrics import Metrics
+from megatron_operator.cluster.workloads import Queues
 from megatron_operator.core.observe import parse_time, pod_view
 from megatron_operator.core.reconcile import Outcome, Settings, World, reconcile
 
@@ -42,10 +43,17 @@ def _now() -> datetime:
 
 
 class Controller:
-    def __init__(self, kube: Kube, metrics: Metrics, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        metrics: Metrics,
+        settings: Settings | None = None,
+        queues: Queues | None = None,
+    ) -> None:
         self.kube = kube
         self.metrics = metrics
         self.settings = settings or Settings()
+        self.queues = queues  # None: the operator runs without Kueue
 
     def reconcile_job(self, namespace: str, name: str, nodes: NodeLookup | None = None) -> float:
         """Reconcile once; returns the seconds until the next reconcile is due."""
@@ -101,6 +109,7 @@ class Controller:
             not_ready_nodes=not_ready,
             known_nodes=frozenset(known) if known is not None else None,
             accepted_spec=accepted,
+            queue=self.queues.observe(job) if self.queues is not None else None,
         )
         out = reconcile(world, self.settings)
         try:
@@ -127,6 +136,8 @@ class Controller:
             self.kube.pool.submit(
                 self.kube.event, dict(job), event.type, event.reason, event.message, now
             )
+        if out.workload is not None and self.queues is not None:
+            self.queues.act(namespace, out.workload, now)
         self.metrics.observe_status(namespace, name, out.status)
         if out.restart_reason is not None:
             self.metrics.restarts.labels(namespace, name, out.restart_reason).inc()

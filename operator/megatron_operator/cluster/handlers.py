@@ -107,6 +107,8 @@ async def start(memo: kopf.Memo, **_: Any) -> None:
         *pod_watchers(kube, list(runtime.namespaces), wake),
         node_watcher(kube, runtime.nodes),
     ]
+    if runtime.controller.queues is not None:  # Kueue's admissions and evictions wake the job
+        runtime.watchers += runtime.controller.queues.watchers(list(runtime.namespaces), wake)
     for w in runtime.watchers:
         w.start()
 
@@ -202,6 +204,9 @@ def cleanup(
     """Delete every child now, rather than waiting for the garbage collector."""
     controller = _runtime(memo).controller
     controller.metrics.forget(namespace or "", name)
+    workload = status.get("workload")
+    if controller.queues is not None and namespace and workload:
+        controller.queues.delete(namespace, str(workload))  # not waiting for the GC
     if namespace is None or not status.get("startTime"):
         return  # never started (e.g. an invalid spec): it has no children
     controller.kube.delete_children(namespace, name)

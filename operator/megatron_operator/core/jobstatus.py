@@ -54,6 +54,9 @@ class JobStatus:
     completion_time: str | None = None
     restart_at: str | None = None
     workload: str | None = None
+    local_queue: str | None = None
+    cluster_queue: str | None = None
+    flavors: list[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys we do not know, kept as they were
 
     @classmethod
@@ -85,6 +88,9 @@ class JobStatus:
             completion_time=_text(doc.get("completionTime")),
             restart_at=_text(doc.get("restartAt")),
             workload=_text(doc.get("workload")),
+            local_queue=_text(doc.get("localQueue")),
+            cluster_queue=_text(doc.get("clusterQueue")),
+            flavors=_texts(doc.get("flavors")),
             extra={k: copy.deepcopy(v) for k, v in doc.items() if k not in known},
         )
 
@@ -99,6 +105,12 @@ class JobStatus:
                 continue
             out[_camel(f.name)] = str(value) if isinstance(value, Phase) else value
         return out
+
+
+def _texts(value: object) -> list[str] | None:
+    if not isinstance(value, list):
+        return None
+    return [v for v in value if isinstance(v, str) and v]
 
 
 def _dict(value: object) -> dict[str, Any] | None:

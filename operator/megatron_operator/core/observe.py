@@ -115,6 +115,7 @@ class PodView:
     disruption: str | None  # reason of a True DisruptionTarget condition
     progress: Progress | None
     unschedulable: str | None = None  # the scheduler's message while it cannot place the pod
+    ready: bool = False  # the Ready condition is True (Kueue's PodsReady counts these)
 
     @property
     def active(self) -> bool:
@@ -145,6 +146,13 @@ def _unschedulable(status: dict[str, Any]) -> str | None:
         ):
             return str(cond.get("message") or "unschedulable")
     return None
+
+
+def _ready(status: dict[str, Any]) -> bool:
+    return any(
+        isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
 
 
 def _disruption(status: dict[str, Any]) -> str | None:
@@ -179,6 +187,7 @@ def pod_view(raw: dict[str, Any]) -> PodView:
         disruption=_disruption(status),
         progress=parse_progress(annotations.get(PROGRESS_ANNOTATION)),
         unschedulable=_unschedulable(status),
+        ready=_ready(status),
     )
 
 

@@ -37,6 +37,7 @@ from megatron_operator.core.names import pod_name
 from megatron_operator.core.observe import PodView, Progress, format_time, parse_time
 from megatron_operator.core.planner import Plan, plan
 from megatron_operator.core.policy import Failure, backoff_seconds, decide, first_failure
+from megatron_operator.core.queueing import Queueing, QueueWorld, WorkloadActions
 from megatron_operator.core.render import children, pod
 
 Obj = dict[str, Any]
@@ -61,6 +62,8 @@ class World:
     accepted_spec: Mapping[str, Any] | None = None  # the spec the current attempt runs
     # The apiserver refused the objects rendered from this spec (a 422), with its message.
     rejection: str | None = None
+    # The job names a Kueue LocalQueue (and the operator runs with Kueue): its Workload.
+    queue: QueueWorld | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class Outcome:
     requeue_after: float = 60.0
     restart_reason: str | None = None  # for the restarts_total metric
     entered_running: bool = False
+    workload: WorkloadActions | None = None  # Kueue Workload writes (queued jobs only)
 
     @property
     def create_pods(self) -> list[Obj]:
@@ -105,7 +109,9 @@ def _validate(
         except ValueError:
             old = None  # an unreadable record is not the user's fault: accept the new spec
         if old is not None:
-            errors = check_update(old, job.spec, suspended=phase == Phase.SUSPENDED)
+            # A queued job runs no pod, so it may change like a suspended one.
+            stopped = phase in (Phase.SUSPENDED, Phase.QUEUED)
+            errors = check_update(old, job.spec, suspended=stopped)
             if errors:
                 return None, None, errors
     return job, p, []
@@ -127,6 +133,7 @@ class _Machine:
         self.nodes = Nodes(
             world.not_ready_nodes, world.known_nodes, settings.node_lost_grace_seconds
         )
+        self.queue = Queueing(world.queue, self, world.now) if world.queue is not None else None
 
     # --- helpers
     def cond(self, type_: ConditionType, status: bool, reason: str, message: str = "") -> bool:
@@ -179,9 +186,13 @@ class _Machine:
             return self.done()
         if job.spec.suspend:
             self.suspend()
+            if self.queue is not None:
+                self.queue.suspended(self.w.pods)
             return self.done()
         if self.st.phase == Phase.SUSPENDED:
             self.resume()
+        if self.queue is not None and not self.queue.gate(job, p, self.w.pods):
+            return self.done()  # Queued: no pod runs until Kueue admits the Workload
         self.active(job, p)
         if self.st.phase in (Phase.SUCCEEDED, Phase.FAILED):
             self.ttl(job)  # it just finished: schedule the TTL now, not at the next resync
@@ -304,7 +315,10 @@ class _Machine:
         ranks = [r for r in missing if pod_name(job.name, r) not in occupied]
         if ranks:
             # Only the pods to create are rendered: a huge job never sits in memory whole.
-            self.out.create = [*children(job, p), *(pod(job, p, r, n) for r in ranks)]
+            created = [pod(job, p, r, n) for r in ranks]
+            if self.queue is not None:
+                created = self.queue.admitted_pods(created)
+            self.out.create = [*children(job, p), *created] if created else []
 
     def failures(self, job: MegatronJob, p: Plan, n: int, current: list[PodView]) -> list[Failure]:
         found: list[Failure] = []
@@ -433,6 +447,8 @@ class _Machine:
         self.st.progress_summary = summary(prog, job.spec.training.train_iters)
 
     def done(self) -> Outcome:
+        if self.queue is not None:
+            self.out.workload = self.queue.settle(self.w.pods) or None
         self.out.status = self.st.to_raw()
         soonest = min(self.deadlines, default=None)
         if soonest is not None:
