@@ -18,7 +18,11 @@ from typing import Any
 
 import pytest
 
+from megatron_operator.api import load_job
+from megatron_operator.cluster.kube import Kube
+from megatron_operator.cluster.workloads import APPLY_PATCH, Queues
 from megatron_operator.core import kueue
+from megatron_operator.core.planner import plan
 
 from .conftest import Cluster
 from .operator_support import (
@@ -190,7 +194,7 @@ def test_second_job_waits_for_quota_until_the_first_finishes(
 
     st = cluster.wait(explained, 60, what="second Queued with Kueue's message")
     assert pods(cluster, ns, "second") == []
-    message = condition(st, "Admitted")["message"]  # type: ignore[index]
+    message = str((condition(st, "Admitted") or {})["message"])
     assert "quota" in message
     assert any(e["message"] == message for e in events(cluster, ns, "second"))
     wl = workload(cluster, ns, "second")
@@ -411,7 +415,7 @@ def test_tas_packs_the_job_into_one_rack_in_rank_order(
     cluster: Cluster, namespace: str, tas_queue: Queue
 ) -> None:
     ns = namespace
-    spec = {"topology": {"key": cluster.rack_key, "mode": "required"}}
+    spec: dict[str, Any] = {"topology": {"key": cluster.rack_key, "mode": "required"}}
     cluster.apply(queued_job("packed", nodes=4, **spec), ns)
     running = wait_pods(cluster, ns, "packed", 4, phase="Running", timeout=90)
     assignment = kueue.workload_state(workload(cluster, ns, "packed")).assignment("trainer")
@@ -459,3 +463,127 @@ def test_deleting_a_queued_job_removes_its_workload(
             30,
             what=f"{kind} {obj} gone (no finalizer stuck)",
         )
+
+
+# The eviction reset's conflict handling ----------------------------------------------------
+def test_the_eviction_reset_retries_after_a_concurrent_write(
+    cluster: Cluster, namespace: str, queue: Queue
+) -> None:
+    """Kueue writes the Workload status too: a reset built from a read that a write overtook gets
+    409 from the apiserver, and `Queues.reset` reads again and retries."""
+
+    ns = namespace
+    # The owner of the Workload: suspended and unlabelled, so the operator leaves it alone.
+    cluster.apply(tiny_gpu_job("owner", suspend=True), ns)
+    raw_job = job(cluster, ns, "owner")
+    doc = {k: raw_job[k] for k in ("apiVersion", "kind", "metadata", "spec")}
+    doc["metadata"]["labels"] = {kueue.LABEL_QUEUE_NAME: queue.local_queue}
+    model = load_job(doc)
+    body = kueue.render_workload(model, plan(model.spec))
+    name = body["metadata"]["name"]
+    queues = Queues(Kube(cluster.api_client()))
+    queues.custom.create_namespaced_custom_object(
+        kueue.GROUP, kueue.VERSION, ns, kueue.WORKLOAD_PLURAL, body
+    )
+    cluster.wait(
+        lambda: (
+            kueue.workload_state(queues.get(ns, name) or {}).phase is kueue.WorkloadPhase.ADMITTED
+        ),
+        30,
+        what="admitted",
+    )
+    cluster.kubectl(
+        "patch",
+        "workloads.kueue.x-k8s.io",
+        name,
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"spec":{"active":false}}',
+    )
+    cluster.wait(
+        lambda: (
+            kueue.workload_state(queues.get(ns, name) or {}).phase is kueue.WorkloadPhase.EVICTED
+        ),
+        30,
+        what="evicted",
+    )
+
+    overtaken = Overtaken(queues.kube)
+    overtaken.reset(ns, name, kueue_now())
+    assert overtaken.reads == 2, "the first patch was refused (409): the reset read again"
+    after = queues.get(ns, name)
+    assert after is not None and after["status"].get("admission") is None
+    assert kueue.workload_state(after).phase is kueue.WorkloadPhase.PENDING
+
+
+class Overtaken(Queues):
+    """Queues whose first Workload read is overtaken by a write (as by Kueue) at once."""
+
+    def __init__(self, kube: Kube) -> None:
+        super().__init__(kube)
+        self.reads = 0
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        raw = super().get(namespace, name)
+        self.reads += 1
+        if self.reads == 1 and raw is not None:
+            manager, applied = kueue.condition_apply(
+                raw, kueue.pods_ready_condition(raw, all_ready=False, now=kueue_now())
+            )
+            self.custom.patch_namespaced_custom_object_status(
+                kueue.GROUP,
+                kueue.VERSION,
+                namespace,
+                kueue.WORKLOAD_PLURAL,
+                name,
+                applied,
+                field_manager=manager,
+                force=True,
+                _content_type=APPLY_PATCH,
+            )
+        return raw
+
+
+def kueue_now() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
+
+
+# Without Kueue ------------------------------------------------------------------------------
+def test_without_kueue_the_label_is_ignored_and_kueue_on_refuses_to_start(
+    cluster_factory: Any, tmp_path: Any
+) -> None:
+    import subprocess
+    import sys
+
+    from .operator_support import install_crd
+
+    bare = cluster_factory(nodes=2, kueue=False)
+    install_crd(bare)
+    proc = subprocess.run(
+        [sys.executable, "-m", "megatron_operator.cli.main", "operator", "--kueue", "on"],
+        env=bare.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "does not serve kueue.x-k8s.io/v1beta2 Workloads" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+    op = Op(bare, tmp_path)  # --kueue auto: finds no Kueue, runs labelled jobs as ordinary ones
+    op.start()
+    try:
+        bare.kubectl("create", "namespace", "plain")
+        bare.apply(queued_job("plain"), "plain")
+        wait_pods(bare, "plain", "plain", 2, phase="Running")
+        st = wait_phase(bare, "plain", "plain", "Running")
+        assert "workload" not in st and "localQueue" not in st
+        assert "Kueue is not installed" in op.logs()
+    finally:
+        op.stop()
+    assert "Traceback" not in op.logs()
