@@ -441,21 +441,28 @@ def test_deleting_a_queued_job_removes_its_workload(
     ns = namespace
     cluster.apply(queued_job("toolarge", nodes=3), ns)  # 24 GPUs: never fits in 16
     wait_phase(cluster, ns, "toolarge", "Queued")
-    name = cluster.wait(
-        lambda: status(cluster, ns, "toolarge").get("workload"), 30, what="the Workload"
-    )
-    cluster.wait(
-        lambda: (
-            cluster.kubectl(
-                "get", "workloads.kueue.x-k8s.io", "-n", ns, name, check=False
-            ).returncode
-            == 0
-        ),
-        30,
-        what="the Workload created",
-    )
-    cluster.kubectl("delete", "mj", "-n", ns, "toolarge", "--wait=false")
-    for kind, obj in (("mj", "toolarge"), ("workloads.kueue.x-k8s.io", name)):
+    # An admitted, running job goes the same way (Kueue holds quota for it until then).
+    cluster.apply(queued_job("running"), ns)
+    wait_pods(cluster, ns, "running", 2, phase="Running")
+    names = {}
+    for job_name in ("toolarge", "running"):
+        names[job_name] = cluster.wait(
+            lambda j=job_name: status(cluster, ns, j).get("workload"), 30, what="the Workload"
+        )
+        cluster.wait(
+            lambda n=names[job_name]: (
+                cluster.kubectl(
+                    "get", "workloads.kueue.x-k8s.io", "-n", ns, n, check=False
+                ).returncode
+                == 0
+            ),
+            30,
+            what="the Workload created",
+        )
+    cluster.wait(lambda: gpus_reserved(cluster, queue) == "16", 30, what="16 GPUs reserved")
+    cluster.kubectl("delete", "mj", "-n", ns, "toolarge", "running", "--wait=false")
+    gone = [("mj", j) for j in names] + [("workloads.kueue.x-k8s.io", n) for n in names.values()]
+    for kind, obj in gone:
         cluster.wait(
             lambda k=kind, o=obj: (
                 cluster.kubectl("get", k, "-n", ns, o, check=False).returncode != 0
@@ -463,6 +470,8 @@ def test_deleting_a_queued_job_removes_its_workload(
             30,
             what=f"{kind} {obj} gone (no finalizer stuck)",
         )
+    assert pods(cluster, ns, "running") == []
+    cluster.wait(lambda: gpus_reserved(cluster, queue) == "0", 30, what="the quota freed")
 
 
 # The eviction reset's conflict handling ----------------------------------------------------
