@@ -12,10 +12,13 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from megatron_operator.core import kueue
 from megatron_operator.core.kueue import WorkloadPhase
 from megatron_operator.core.queueing import QueueWorld
-from megatron_operator.core.reconcile import Outcome, World
+from megatron_operator.core.reconcile import Outcome, World, reconcile
 
 from .sim import Sim
 from .specs import job_doc, spec_of
@@ -365,3 +368,73 @@ def test_a_workload_deleted_under_a_running_job_stops_it_and_makes_a_new_one() -
     sim.step()
     assert sim.workload is not None and sim.pods == {}
     assert any(m.endswith("is no longer admitted; stopping the pods") for _, m in sim.events)
+
+
+_TYPES = ["QuotaReserved", "Admitted", "Evicted", "Requeued", "PodsReady", "Finished"]
+_REASONS = ["Pending", "QuotaReserved", "Admitted", "Preempted", "Deactivated", "Succeeded"]
+
+
+@st.composite
+def _worlds(draw: st.DrawFn) -> QueueSim:
+    """A queued job in any phase, with or without pods, and its Workload in any shape Kueue's
+    schema allows (any set of conditions, admitted or not, the flavor readable or not)."""
+    sim = queued()
+    sim.step()
+    assert sim.workload is not None
+    conds = [
+        cond(t, draw(st.sampled_from(["True", "False"])), draw(st.sampled_from(_REASONS)))
+        for t in _TYPES
+        if draw(st.booleans())
+    ]
+    sim.workload["status"] = {"conditions": conds}
+    if draw(st.booleans()):
+        sim.workload["status"]["admission"] = {
+            "clusterQueue": "cq",
+            "podSetAssignments": [{"name": "trainer", "count": 2, "flavors": {GPU: "h100"}}],
+        }
+    if draw(st.booleans()):
+        sim.flavors = {}
+    if draw(st.booleans()):
+        sim.workload = None
+    phase = draw(st.sampled_from([None, "Queued", "Pending", "Running", "Restarting"]))
+    status = dict(sim.job["status"])
+    status.pop("phase", None)
+    if phase is not None:
+        status["phase"] = phase
+    sim.job["status"] = status
+    if sim.workload is not None and draw(st.booleans()):
+        sim.admit()
+    return sim
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_worlds(), st.booleans())
+def test_no_pod_without_admission_and_no_reset_while_a_pod_lives(
+    sim: QueueSim, with_pods: bool
+) -> None:
+    if with_pods:
+        sim.job["status"]["restartAttempt"] = 0
+        for rank in range(2):
+            sim.pods[f"job-{rank}"] = {
+                "metadata": {
+                    "name": f"job-{rank}",
+                    "labels": {
+                        "megatron.dev/restart-attempt": "0",
+                        "megatron.dev/node-rank": str(rank),
+                    },
+                },
+                "spec": {"nodeName": f"node-{rank}"},
+                "status": {"phase": "Running"},
+            }
+    state = kueue.workload_state(sim.workload) if sim.workload is not None else None
+    out = reconcile(sim.world())
+    if out.create_pods:
+        assert state is not None and state.phase is WorkloadPhase.ADMITTED
+        for p in out.create_pods:
+            assert p["metadata"]["labels"][kueue.LABEL_PODSET] == "trainer"
+            assert p["spec"]["nodeSelector"]["gpu"] == "h100"
+    if out.workload is not None and out.workload.reset:
+        assert not with_pods
+    if state is None or state.phase is not WorkloadPhase.ADMITTED:
+        assert out.status["phase"] in ("Queued", "Succeeded", "Failed")
+        assert not out.create_pods
