@@ -311,17 +311,16 @@ def test_a_final_failure_finishes_the_workload_failed() -> None:
     assert finished is not None and finished["reason"] == "Failed"
 
 
-def test_a_changed_spec_replaces_the_pending_workload() -> None:
+def test_a_job_moved_to_another_queue_replaces_its_pending_workload() -> None:
     sim = queued()
     sim.step()
-    sim.job["spec"]["resources"]["nodes"] = 4
-    sim.job["spec"]["training"]["globalBatchSize"] = 128
-    sim.job["metadata"]["generation"] = 2
+    sim.job["metadata"]["labels"][kueue.LABEL_QUEUE_NAME] = "other"
     out = sim.step()
     assert out.workload is not None and out.workload.delete == sim.status["workload"]
     assert sim.workload is None
     sim.step()
-    assert sim.workload is not None and sim.workload["spec"]["podSets"][0]["count"] == 4
+    assert sim.workload is not None and sim.workload["spec"]["queueName"] == "other"
+    assert sim.status["localQueue"] == "other"
 
 
 def test_a_missing_priority_class_is_explained_and_creates_nothing() -> None:

@@ -109,9 +109,7 @@ def _validate(
         except ValueError:
             old = None  # an unreadable record is not the user's fault: accept the new spec
         if old is not None:
-            # A queued job runs no pod, so it may change like a suspended one.
-            stopped = phase in (Phase.SUSPENDED, Phase.QUEUED)
-            errors = check_update(old, job.spec, suspended=stopped)
+            errors = check_update(old, job.spec, suspended=phase == Phase.SUSPENDED)
             if errors:
                 return None, None, errors
     return job, p, []
