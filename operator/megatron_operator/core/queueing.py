@@ -150,7 +150,7 @@ class Queueing:
             why = f"Kueue evicted Workload {name} ({state.reason}): {state.message}"
         else:
             why = f"Workload {name} is no longer admitted"
-        message = f"{why}; stopping the pods".strip()
+        message = f"{why}; stopping the pods"
         self.host.cond(C.RUNNING, False, Reason.EVICTED, message)
         self.host.cond(C.RESTARTING, False, Reason.EVICTED, message)
         self.host.cond(C.ADMITTED, False, Reason.EVICTED, message)
