@@ -103,7 +103,7 @@ def test_deployment_flags_probes_and_priority() -> None:
     objs = render()
     args = _args(objs)
     assert args[0] == "operator"
-    assert "--leader-elect" in args and "--network-policy" in args and "--kueue" not in args
+    assert "--leader-elect" in args and "--network-policy" in args and "--kueue=off" in args
     pod = one(objs, "Deployment")["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
@@ -113,7 +113,7 @@ def test_deployment_flags_probes_and_priority() -> None:
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
     off = _args(render("networkPolicy=false", "leaderElection.enabled=false", "kueue.enabled=true"))
-    assert "--network-policy" not in off and "--leader-elect" not in off and "--kueue" in off
+    assert "--network-policy" not in off and "--leader-elect" not in off and "--kueue=on" in off
     ns = _args(render("watchNamespaces={team-a,team-b}"))
     assert "--namespace=team-a" in ns and "--namespace=team-b" in ns
 
@@ -173,29 +173,16 @@ def test_kueue_and_network_policy_rights_follow_their_values() -> None:
 
     objs = render("kueue.enabled=true", "watchNamespaces={team-a}")
     role = next(r for r in of_kind(objs, "Role") if r["metadata"]["namespace"] == "team-a")
-    assert rules_for(role["rules"], "workloads") == {
-        "get",
-        "list",
-        "watch",
-        "create",
-        "update",
-        "patch",
-        "delete",
-    }
-    assert rules_for(role["rules"], "workloads/status") == {"get", "update", "patch"}
-    assert rules_for(role["rules"], "localqueues") == {"get", "list", "watch"}
-    assert rules_for(role["rules"], "networkpolicies") == {
-        "get",
-        "list",
-        "watch",
-        "create",
-        "delete",
-    }
+    # Exactly what the operator calls (measured with the chart's token against real Kueue).
+    assert rules_for(role["rules"], "workloads") == {"get", "list", "watch", "create", "delete"}
+    assert rules_for(role["rules"], "workloads/status") == {"patch"}
+    assert rules_for(role["rules"], "localqueues") == set()
+    assert rules_for(role["rules"], "networkpolicies") == {"get", "list", "create", "delete"}
     cluster = one(objs, "ClusterRole")["rules"]
-    assert rules_for(cluster, "clusterqueues") == {"get", "list", "watch"}
-    assert rules_for(cluster, "resourceflavors") == {"get", "list", "watch"}
-    assert rules_for(cluster, "workloadpriorityclasses") == {"get", "list", "watch"}
-    assert rules_for(cluster, "priorityclasses") == {"get", "list"}
+    assert rules_for(cluster, "clusterqueues") == set()
+    assert rules_for(cluster, "resourceflavors") == {"get"}
+    assert rules_for(cluster, "workloadpriorityclasses") == {"get"}
+    assert rules_for(cluster, "priorityclasses") == {"get"}
 
 
 def test_crd_is_the_generated_one_and_kept_on_uninstall() -> None:

@@ -173,6 +173,7 @@ PRINTER_COLUMNS = [
     {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
     {"name": "Progress", "type": "string", "jsonPath": ".status.progressSummary"},
+    {"name": "Queue", "type": "string", "jsonPath": ".status.localQueue"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

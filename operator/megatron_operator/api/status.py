@@ -35,6 +35,7 @@ class ConditionType(StrEnum):
     # as a Deployment's ReplicaFailure: the message is the apiserver's own.
     CREATE_FAILURE = "CreateFailure"
     CHILDREN_OWNED = "ChildrenOwned"  # False: an object with a child's name is someone else's
+    ADMITTED = "Admitted"  # Kueue admitted the job's Workload (queued jobs only)
 
 
 class Reason(StrEnum):
@@ -59,6 +60,10 @@ class Reason(StrEnum):
     CHILD_CONFLICT = "ChildConflict"  # an object with a child's name is not controlled by the job
     CHILDREN_CREATED = "ChildrenCreated"  # the conflict is gone: every child is the job's own
     BAD_JOB_DATA = "BadJobData"  # the job's status or numbers cannot be processed
+    QUEUED = "Queued"  # waiting for Kueue's admission (the message is Kueue's own)
+    ADMITTED = "Admitted"
+    EVICTED = "Evicted"  # Kueue took the quota back (preemption, deactivation, ...)
+    ADMISSION_CONFLICT = "AdmissionConflict"  # the admitted flavor contradicts the job's pods
 
 
 class EventType(StrEnum):
@@ -135,4 +140,13 @@ class MegatronJobStatus(ApiModel):
         max_length=1000,
         description="When the restarts not counted toward maxRestarts happened in the last hour "
         "(RFC 3339): past the operator's hourly cap, such restarts count.",
+    )
+    local_queue: str | None = Field(
+        None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name), when queued."
+    )
+    cluster_queue: str | None = Field(
+        None, description="Kueue ClusterQueue that admitted the Workload, while admitted."
+    )
+    flavors: list[str] | None = Field(
+        None, description="Kueue ResourceFlavors of the admission, while admitted."
     )

@@ -7,9 +7,13 @@ import logging
 import os
 import socket
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from megatron_operator.cli.common import EXIT_INVALID, CliError
+
+if TYPE_CHECKING:  # imported lazily at run time: kopf and the client take a second to import
+    from megatron_operator.cluster.kube import Kube
+    from megatron_operator.cluster.workloads import Queues
 
 
 def register(sub: Any) -> None:
@@ -56,6 +60,13 @@ def register(sub: Any) -> None:
         help="give each job a NetworkPolicy admitting only its own pods (needs a network plugin "
         "that enforces NetworkPolicies, and the RBAC to create them); default: off",
     )
+    p.add_argument(
+        "--kueue",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="queue jobs labelled kueue.x-k8s.io/queue-name through Kueue: auto (when the "
+        "cluster serves Kueue's Workload API, checked once at start), on (required), off",
+    )
     p.add_argument("--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_operator)
 
@@ -86,12 +97,13 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from megatron_operator.cluster.metrics import Metrics
     from megatron_operator.core.reconcile import Settings
 
+    kube = Kube.connect(workers=args.workers)
+    queues = _queues(kube, args.kueue)
     metrics = Metrics()
     settings = Settings(
         node_lost_grace_seconds=args.node_lost_grace_seconds, network_policy=args.network_policy
     )
-    kube = Kube.connect(workers=args.workers)
-    controller = Controller(kube, metrics, settings)
+    controller = Controller(kube, metrics, settings, queues=queues)
     runtime = handlers.Runtime(controller=controller, namespaces=tuple(args.namespace))
     if args.metrics_port:
         health.serve(args.metrics_port, metrics.registry, runtime.health)
@@ -104,3 +116,32 @@ def cmd_operator(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).error("lost the leader Lease: exiting to stand by again")
         return 1
     return 0
+
+
+def _queues(kube: Kube, mode: str) -> Queues | None:
+    """The Kueue integration (cluster.workloads.Queues), or None: `--kueue off`, or `auto` on a
+    cluster that does not serve Kueue's v1beta2 Workloads (then the queue label is ignored)."""
+    from megatron_operator.cluster.workloads import Queues, kueue_installed
+
+    log = logging.getLogger("megatron_operator.kueue")
+    if mode == "off":
+        log.info("Kueue integration off (--kueue off): the queue label is ignored")
+        return None
+    try:
+        installed = kueue_installed(kube)
+    except Exception as exc:  # unreachable apiserver, refused discovery: say so, no traceback
+        raise CliError(
+            f"--kueue {mode}: could not ask the apiserver whether Kueue is installed: {exc}",
+            EXIT_INVALID,
+        ) from None
+    if installed:
+        log.info("Kueue integration on: jobs labelled kueue.x-k8s.io/queue-name are queued")
+        return Queues(kube)
+    if mode == "on":
+        raise CliError(
+            "--kueue on: this cluster does not serve kueue.x-k8s.io/v1beta2 Workloads; install "
+            "Kueue 0.16 or newer, or run with --kueue auto|off",
+            EXIT_INVALID,
+        )
+    log.info("Kueue is not installed (--kueue auto): the queue label is ignored")
+    return None

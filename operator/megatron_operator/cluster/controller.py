@@ -20,6 +20,7 @@ from prometheus_client import Counter
 from megatron_operator.cluster.errors import ApiError, ErrorKind, classify
 from megatron_operator.cluster.kube import ChildConflict, Conflict, Kube, Rejected
 from megatron_operator.cluster.metrics import Metrics
+from megatron_operator.cluster.workloads import Queues
 from megatron_operator.core.backoff import Backoff
 from megatron_operator.core.names import progress_lease_name
 from megatron_operator.core.observe import lease_view, parse_time, pod_view
@@ -47,6 +48,7 @@ class Controller:
         metrics: Metrics,
         settings: Settings | None = None,
         backoff: Backoff = API_BACKOFF,
+        queues: Queues | None = None,
     ) -> None:
         self.kube = kube
         self.metrics = metrics
@@ -62,6 +64,7 @@ class Controller:
             ["kind"],
             registry=metrics.registry,
         )
+        self.queues = queues  # None: the operator runs without Kueue
 
     def reconcile_job(
         self, namespace: str, name: str, nodes: NodeLookup | None = None, uid: str | None = None
@@ -157,6 +160,7 @@ class Controller:
                 self.kube.get_lease(namespace, progress_lease_name(name)),
                 meta.get("uid"),
             ),
+            queue=self.queues.observe(job) if self.queues is not None else None,
         )
 
     def _reconcile(
@@ -216,6 +220,8 @@ class Controller:
         namespace, name = str(meta["namespace"]), str(meta["name"])
         self._write_status(job, out)
         now = _now()
+        if out.workload is not None and self.queues is not None:
+            self.queues.act(namespace, out.workload, now)
         if out.restart_reason is not None:
             self.metrics.restarts.labels(namespace, name, out.restart_reason).inc()
         if out.entered_running and out.status.get("restartAttempt") == 0:

@@ -179,6 +179,8 @@ async def start(memo: kopf.Memo, **_: Any) -> None:
         *lease_watchers(kube, list(runtime.namespaces), wake),
         node_watcher(kube, runtime.nodes),
     ]
+    if runtime.controller.queues is not None:  # Kueue's admissions and evictions wake the job
+        runtime.watchers += runtime.controller.queues.watchers(list(runtime.namespaces), wake)
     for w in runtime.watchers:
         w.start()
     runtime.health.readiness = runtime.synced
@@ -321,6 +323,9 @@ async def cleanup(
     speed-up; nothing depends on it."""
     controller = runtime.controller
     controller.metrics.forget(namespace or "", name)
+    workload = status.get("workload")
+    if controller.queues is not None and namespace and workload:
+        controller.queues.delete(namespace, str(workload))  # not waiting for the GC
     if namespace is None or not uid or not status.get("startTime"):
         return  # never started (e.g. an invalid spec): it has no children
     loop = asyncio.get_running_loop()

@@ -55,6 +55,9 @@ class JobStatus:
     restart_at: str | None = None
     workload: str | None = None
     uncounted_restart_times: list[str] | None = None  # restarts not counted, in the last hour
+    local_queue: str | None = None
+    cluster_queue: str | None = None
+    flavors: list[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys we do not know, kept as they were
 
     @classmethod
@@ -87,6 +90,9 @@ class JobStatus:
             restart_at=_text(doc.get("restartAt")),
             workload=_text(doc.get("workload")),
             uncounted_restart_times=_texts(doc.get("uncountedRestartTimes")),
+            local_queue=_text(doc.get("localQueue")),
+            cluster_queue=_text(doc.get("clusterQueue")),
+            flavors=_texts(doc.get("flavors")),
             extra={k: copy.deepcopy(v) for k, v in doc.items() if k not in known},
         )
 

@@ -120,6 +120,7 @@ class PodView:
     unschedulable: str | None = None  # the scheduler's message while it cannot place the pod
     uid: str | None = None  # deletes carry it as a precondition
     owner_uid: str | None = None  # uid of the controller ownerReference: whose pod it is
+    ready: bool = False  # the Ready condition is True (Kueue's PodsReady counts these)
 
     @property
     def active(self) -> bool:
@@ -150,6 +151,13 @@ def _unschedulable(status: dict[str, Any]) -> str | None:
         ):
             return str(cond.get("message") or "unschedulable")
     return None
+
+
+def _ready(status: dict[str, Any]) -> bool:
+    return any(
+        isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
 
 
 def _disruption(status: dict[str, Any]) -> str | None:
@@ -184,6 +192,7 @@ def pod_view(raw: dict[str, Any]) -> PodView:
         unschedulable=_unschedulable(status),
         uid=meta.get("uid"),
         owner_uid=controller_uid(meta),
+        ready=_ready(status),
     )
 
 

@@ -46,6 +46,7 @@ from megatron_operator.core.policy import (
     decide,
     first_failure,
 )
+from megatron_operator.core.queueing import Queueing, QueueWorld, WorkloadActions
 from megatron_operator.core.render import children, pod
 
 Obj = dict[str, Any]
@@ -80,6 +81,8 @@ class World:
     # whose): nothing is created, and the job says so (core/ownership.py decides).
     conflict: str | None = None
     lease: LeaseView | None = None  # rank 0's progress Lease (None: not there yet)
+    # The job names a Kueue LocalQueue (and the operator runs with Kueue): its Workload.
+    queue: QueueWorld | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class Outcome:
     requeue_after: float = 60.0
     restart_reason: str | None = None  # for the restarts_total metric
     entered_running: bool = False
+    workload: WorkloadActions | None = None  # Kueue Workload writes (queued jobs only)
 
     @property
     def create_pods(self) -> list[Obj]:
@@ -149,6 +153,7 @@ class _Machine:
         )
         # Only the job's own pods: a foreign pod with our label is never counted or deleted.
         self.pods = [p for p in world.pods if self.mine(p)]
+        self.queue = Queueing(world.queue, self, world.now) if world.queue is not None else None
 
     # --- helpers
     def cond(self, type_: ConditionType, status: bool, reason: str, message: str = "") -> bool:
@@ -208,9 +213,13 @@ class _Machine:
             return self.done()
         if job.spec.suspend:
             self.suspend()
+            if self.queue is not None:
+                self.queue.suspended(self.w.pods)
             return self.done()
         if self.st.phase == Phase.SUSPENDED:
             self.resume()
+        if self.queue is not None and not self.queue.gate(job, p, self.w.pods):
+            return self.done()  # Queued: no pod runs until Kueue admits the Workload
         self.active(job, p)
         if self.st.phase in (Phase.SUCCEEDED, Phase.FAILED):
             self.ttl(job)  # it just finished: schedule the TTL now, not at the next resync
@@ -350,10 +359,10 @@ class _Machine:
             return
         # Only the pods to create are rendered: a huge job never sits in memory whole.
         isolate = self.s.network_policy
-        self.out.create = [
-            *children(job, p, isolate=isolate),
-            *(pod(job, p, r, n) for r in missing),
-        ]
+        created = [pod(job, p, r, n) for r in missing]
+        if self.queue is not None:
+            created = self.queue.admitted_pods(created)
+        self.out.create = [*children(job, p, isolate=isolate), *created] if created else []
 
     def blocked(self, conflict: str) -> None:
         """A child's name is taken by someone else's object: create nothing, and say so once."""
@@ -517,6 +526,8 @@ class _Machine:
         self.st.progress_summary = summary(prog, job.spec.training.train_iters)
 
     def done(self) -> Outcome:
+        if self.queue is not None:
+            self.out.workload = self.queue.settle(self.w.pods) or None
         self.out.status = self.st.to_raw()
         soonest = min(self.deadlines, default=None)
         if soonest is not None:
