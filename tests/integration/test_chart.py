@@ -296,6 +296,7 @@ def test_install_upgrade_uninstall_with_a_running_job(
             sa_cluster(cluster, namespace, sa, tmp_path),
             tmp_path,
             f"--namespace={jobs_namespace}",
+            "--kueue=off",  # as the chart's Deployment passes it with kueue.enabled=false
         )
         op.start()
         cluster.apply(tiny_gpu_job("keep-me", nodes=2), jobs_namespace)

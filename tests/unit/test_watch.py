@@ -75,3 +75,30 @@ def test_a_heartbeat_does_not_wake_the_jobs() -> None:
     readiness.handle("ADDED", _node("a", True))
     readiness.handle("MODIFIED", _node("a", True, "2"))
     assert len(wakes) == 2  # synced, then "a" appeared; the heartbeat changed nothing
+
+
+def test_a_refused_watch_backs_off_instead_of_retrying_every_second() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    calls: list[int] = []
+    delays: list[float] = []
+
+    def refused(version: str | None) -> Any:
+        calls.append(1)
+        raise ApiException(status=403, reason="Forbidden")
+
+    watcher = Watcher("workloads/ns", refused, lambda kind, obj: None)
+
+    def wait(seconds: float | None = None) -> bool:
+        delays.append(float(seconds or 0))
+        if len(delays) >= 8:
+            watcher.stopping.set()
+        return watcher.stopping.is_set()
+
+    watcher.stopping.wait = wait  # type: ignore[method-assign]
+    watcher.run()
+    assert len(calls) == 8
+    # 0.5 s doubling, jittered down to half at most, capped at 30 s.
+    assert delays[0] <= 0.5 and delays[-1] >= 15.0
+    assert all(d <= 30.0 for d in delays)
+    assert sum(delays) > 30.0  # a flat 1 s retry would have waited 8 s in all

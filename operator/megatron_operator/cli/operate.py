@@ -98,7 +98,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from megatron_operator.core.reconcile import Settings
 
     kube = Kube.connect(workers=args.workers)
-    queues = _queues(kube, args.kueue)
+    queues = _queues(kube, args.kueue, tuple(args.namespace))
     metrics = Metrics()
     settings = Settings(
         node_lost_grace_seconds=args.node_lost_grace_seconds, network_policy=args.network_policy
@@ -118,10 +118,10 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
-def _queues(kube: Kube, mode: str) -> Queues | None:
+def _queues(kube: Kube, mode: str, namespaces: tuple[str, ...]) -> Queues | None:
     """The Kueue integration (cluster.workloads.Queues), or None: `--kueue off`, or `auto` on a
     cluster that does not serve Kueue's v1beta2 Workloads (then the queue label is ignored)."""
-    from megatron_operator.cluster.workloads import Queues, kueue_installed
+    from megatron_operator.cluster.workloads import Queues, kueue_installed, kueue_permitted
 
     log = logging.getLogger("megatron_operator.kueue")
     if mode == "off":
@@ -135,6 +135,22 @@ def _queues(kube: Kube, mode: str) -> Queues | None:
             EXIT_INVALID,
         ) from None
     if installed:
+        # Installed is not enough: without the rights (the chart's kueue.enabled=false) every
+        # Workload call would be refused. `auto` then stays off and says why; `on` refuses.
+        missing = kueue_permitted(kube, namespaces)
+        if missing and mode == "on":
+            raise CliError(
+                f"--kueue on: the operator may not {', '.join(missing)}; grant Kueue's RBAC "
+                "(the chart's kueue.enabled=true) or run with --kueue off",
+                EXIT_INVALID,
+            )
+        if missing:
+            log.warning(
+                "Kueue is installed but the operator may not %s (--kueue auto): the queue "
+                "label is ignored; grant the RBAC (the chart's kueue.enabled=true) to queue jobs",
+                ", ".join(missing),
+            )
+            return None
         log.info("Kueue integration on: jobs labelled kueue.x-k8s.io/queue-name are queued")
         return Queues(kube)
     if mode == "on":

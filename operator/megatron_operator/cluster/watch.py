@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -20,11 +20,13 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from megatron_operator.cluster.kube import Kube
+from megatron_operator.core.backoff import Backoff
 from megatron_operator.core.names import LABEL_JOB_NAME
 from megatron_operator.core.observe import node_not_ready_since
 
 log = logging.getLogger(__name__)
 WATCH_SECONDS = 300  # server-side timeout of one watch call; then it reconnects
+WATCH_BACKOFF = Backoff(base=0.5, factor=2.0, cap=30.0, jitter=0.5)
 
 
 class Watcher(threading.Thread):
@@ -56,20 +58,30 @@ class Watcher(threading.Thread):
 
     def run(self) -> None:
         version: str | None = None
+        failures = 0
         while not self.stopping.is_set():
             try:
                 if version is None and self.list_all is not None:
                     version = self._list()
                 version = self._stream(version)
+                failures = 0
             except ApiException as exc:
                 if exc.status == 410:  # our resourceVersion is too old: start over
                     version = None
                     continue
-                log.warning("%s: watch failed (%s %s); retrying", self.name, exc.status, exc.reason)
-                time.sleep(1)
+                failures += 1
+                self._pause(failures, f"watch failed ({exc.status} {exc.reason})")
             except Exception as exc:  # network errors, a restarted apiserver: keep watching
-                log.warning("%s: watch interrupted (%s); retrying", self.name, exc)
-                time.sleep(1)
+                failures += 1
+                self._pause(failures, f"watch interrupted ({exc})")
+
+    def _pause(self, failures: int, why: str) -> None:
+        """Back off (exponential, jittered, capped): a watch refused by RBAC must not hammer
+        the apiserver every second, and many watches must not reconnect in step."""
+        delay = WATCH_BACKOFF.delay(failures, random.random())
+        level = logging.WARNING if failures <= 3 or failures % 10 == 0 else logging.DEBUG
+        log.log(level, "%s: %s; retry %d in %.1fs", self.name, why, failures, delay)
+        self.stopping.wait(delay)
 
     def _list(self) -> str | None:
         items, version = self.list_all() if self.list_all is not None else ([], None)

@@ -42,6 +42,31 @@ def kueue_installed(kube: Kube) -> bool:
     return any(r.get("name") == kueue.WORKLOAD_PLURAL for r in doc.get("resources") or [])
 
 
+def kueue_permitted(kube: Kube, namespaces: tuple[str, ...]) -> list[str]:
+    """The Workload rights the operator lacks (self-subject access reviews), in each watched
+    namespace or cluster-wide: empty when it may run the integration."""
+    authz = kubernetes.client.AuthorizationV1Api(kube.client)
+    missing = []
+    for namespace in namespaces or ("",):
+        for verb in ("create", "watch", "delete"):
+            review = {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "spec": {
+                    "resourceAttributes": {
+                        "group": kueue.GROUP,
+                        "resource": kueue.WORKLOAD_PLURAL,
+                        "verb": verb,
+                        "namespace": namespace,
+                    }
+                },
+            }
+            doc = _json(authz.create_self_subject_access_review, review)
+            if not (doc.get("status") or {}).get("allowed"):
+                missing.append(f"{verb} workloads" + (f" in {namespace}" if namespace else ""))
+    return missing
+
+
 class Queues:
     """Workload reads and writes for the controller."""
 
