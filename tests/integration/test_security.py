@@ -211,6 +211,42 @@ def test_deleting_a_job_completes_while_the_operator_is_down(
     cluster.wait(lambda: pods(cluster, ns, "orphan") == [], 60, what="orphan's pods collected")
 
 
+def test_deleting_a_namespace_completes_while_the_operator_is_down(
+    cluster: Cluster, op: Op
+) -> None:
+    ns = f"gone-{int(time.time())}"
+    cluster.kubectl("create", "namespace", ns)
+    cluster.apply(tiny_gpu_job("doomed", nodes=1), ns)
+    wait_phase(cluster, ns, "doomed", "Running")
+    op.stop()
+    try:
+        cluster.kubectl("delete", "namespace", ns, "--timeout=90s", timeout=120)
+    finally:
+        op.start()
+    assert cluster.kubectl("get", "namespace", ns, check=False).returncode != 0
+
+
+def test_network_policy_with_the_operator_flag(cluster: Cluster, namespace: str, op: Op) -> None:
+    ns = namespace
+    op.stop()
+    op.start("--network-policy")
+    try:
+        cluster.apply(tiny_gpu_job("fenced", nodes=2), ns)
+        wait_phase(cluster, ns, "fenced", "Running")
+        policy = cluster.kubectl_json("get", "networkpolicy", "-n", ns, "fenced")
+        uid = cluster.kubectl_json("get", "mj", "-n", ns, "fenced")["metadata"]["uid"]
+        assert policy["metadata"]["ownerReferences"][0]["uid"] == uid
+        selector = {"matchLabels": {"megatron.dev/job-name": "fenced"}}
+        assert policy["spec"]["podSelector"] == selector
+        assert policy["spec"]["ingress"] == [{"from": [{"podSelector": selector}]}]
+    finally:
+        op.stop()
+        op.start()
+    cluster.apply(tiny_gpu_job("open", nodes=1), ns)
+    wait_phase(cluster, ns, "open", "Running")
+    assert not _exists(cluster, ns, "networkpolicy", "open")  # off by default
+
+
 def test_pod_deletes_carry_the_pods_uid(cluster: Cluster, namespace: str) -> None:
     """A late delete of a pod must not hit a newer pod of the same name."""
     ns = namespace

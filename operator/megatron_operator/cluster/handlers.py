@@ -231,7 +231,7 @@ async def job_changed(
     generation = meta.get("generation")
     if type == "DELETED":
         runtime.generations.pop(key, None)
-        if uid:
+        if uid and key in runtime.wakeups:  # its loop still runs (it discards the uid)
             runtime.gone.add(uid)
         runtime.wake(namespace, name)  # its loop sees the uid gone and ends
         await cleanup(runtime, namespace, name, uid, status)
@@ -299,6 +299,7 @@ async def run_job(
     finally:
         if runtime.wakeups.get(key) is wake:
             del runtime.wakeups[key]
+        runtime.gone.discard(uid or "")
 
 
 def _without_finalizers(registry: Any) -> None:
@@ -333,5 +334,5 @@ async def cleanup(
         await loop.run_in_executor(
             runtime.pool, controller.kube.delete_children, namespace, name, uid
         )
-    except Exception:  # the garbage collector does it anyway
-        log.exception("cleanup of %s/%s failed; the garbage collector will do it", namespace, name)
+    except Exception as exc:  # the garbage collector does it anyway
+        log.warning("cleanup of %s/%s: %s; the garbage collector will do it", namespace, name, exc)
