@@ -194,31 +194,44 @@ def failure_to_recreated(b: Bench, ns: str, nodes: int) -> float:
         120,
         "phase",
     )
+    # The current attempt's rank 0 (a slow start may already have restarted the job once).
+    running = b.pods(ns, name)
+    attempt = max(int(p["metadata"]["labels"]["megatron.dev/restart-attempt"]) for p in running)
+    victim = next(
+        p["metadata"]["name"]
+        for p in running
+        if p["metadata"]["labels"]["megatron.dev/restart-attempt"] == str(attempt)
+        and p["metadata"]["labels"]["megatron.dev/node-rank"] == "0"
+    )
     t0 = time.time()
-    subprocess.run(
+    fault = subprocess.run(
         [
             str(DRIVER),
             "fail-pod",
-            f"{ns}/{name}-a0-0",
+            f"{ns}/{victim}",
             "--exit-code",
             "1",
             "--no-wait",
             "--state",
             str(b.state),
         ],
-        check=True,
+        check=False,
         capture_output=True,
+        text=True,
     )
+    if fault.returncode:
+        raise RuntimeError(f"cluster fail-pod {ns}/{victim}: {fault.stderr.strip()}")
+    nxt = str(attempt + 1)
 
     def recreated() -> list[dict[str, Any]] | None:
         new = [
             p
             for p in b.pods(ns, name)
-            if p["metadata"]["labels"]["megatron.dev/restart-attempt"] == "1"
+            if p["metadata"]["labels"]["megatron.dev/restart-attempt"] == nxt
         ]
         return new if len(new) == nodes else None
 
-    items = _wait(recreated, 600, "attempt 1 pods", interval=1.0)
+    items = _wait(recreated, 600, f"attempt {nxt} pods", interval=1.0)
     return _created(items) - t0
 
 
