@@ -375,7 +375,7 @@ def test_pods_ready_started_then_recovered_after_a_gang_restart(
     cluster.apply(queued_job("ready"), ns)
     wait_pods(cluster, ns, "ready", 2, phase="Running", attempt=0)
     wait_wl(cluster, ns, "ready", "PodsReady", ("True", "Started"))
-    cluster.fail_pod(ns, "ready-a0-1", exit_code=1)
+    cluster.fail_pod(ns, "ready-a0-1", exit_code=1, wait=False)  # the gang goes at once
     wait_wl(cluster, ns, "ready", "PodsReady", ("False", "WaitForRecovery"))
     wait_pods(cluster, ns, "ready", 2, phase="Running", attempt=1, timeout=60)
     wait_wl(cluster, ns, "ready", "PodsReady", ("True", "Recovered"))

@@ -15,8 +15,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import Counter
-
 from megatron_operator.cluster.errors import ApiError, ErrorKind, classify
 from megatron_operator.cluster.kube import ChildConflict, Conflict, Kube, Rejected
 from megatron_operator.cluster.metrics import Metrics
@@ -58,12 +56,6 @@ class Controller:
         # Per job: consecutive API failures, and the refusal shown on it (cleared by success).
         self.failures: dict[tuple[str, str], int] = {}
         self.refusals: dict[tuple[str, str], str] = {}
-        self.api_errors = Counter(
-            "megatron_operator_api_errors_total",
-            "Failed apiserver calls made while reconciling, by kind (Forbidden, Throttled, ...)",
-            ["kind"],
-            registry=metrics.registry,
-        )
         self.queues = queues  # None: the operator runs without Kueue
 
     def reconcile_job(
@@ -92,7 +84,7 @@ class Controller:
         """Back off (exponential, jittered, capped); a refusal that will not pass by itself
         goes on the job as a condition and an event, with the apiserver's message."""
         key = (namespace, name)
-        self.api_errors.labels(str(err.kind)).inc()
+        self.metrics.api_errors.labels(str(err.kind)).inc()
         if err.kind == ErrorKind.CONFLICT:
             return 0.2
         failures = self.failures.get(key, 0) + 1

@@ -73,6 +73,12 @@ class Metrics:
             "1 once this replica's job, pod and node watches have synced (what /readyz reports)",
             registry=r,
         )
+        self.api_errors = Counter(
+            "megatron_operator_api_errors_total",
+            "Failed apiserver calls made while reconciling, by kind (Forbidden, Throttled, ...)",
+            ["kind"],
+            registry=r,
+        )
         # The checkpoint step each job's checkpoint_time belongs to (the gauge has no history).
         self._checkpoints: dict[tuple[str, str], int] = {}
 
