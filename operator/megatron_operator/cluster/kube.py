@@ -60,7 +60,7 @@ CALL_TIMEOUT = (5.0, 30.0)
 WATCH_READ_SLACK = 90.0
 
 
-def _call(method: Any, *args: Any, **kwargs: Any) -> bytes:
+def call(method: Any, *args: Any, **kwargs: Any) -> bytes:
     """Call an API method for its raw bytes, and give the connection back to the pool.
 
     Raw bytes skip the client's model deserialisation. With `_preload_content=False` urllib3
@@ -74,8 +74,8 @@ def _call(method: Any, *args: Any, **kwargs: Any) -> bytes:
         resp.release_conn()
 
 
-def _json(method: Any, *args: Any, **kwargs: Any) -> Any:
-    return json.loads(_call(method, *args, **kwargs))
+def call_json(method: Any, *args: Any, **kwargs: Any) -> Any:
+    return json.loads(call(method, *args, **kwargs))
 
 
 class Kube:
@@ -107,7 +107,7 @@ class Kube:
     def get_job(self, namespace: str, name: str) -> Obj | None:
         try:
             return dict(
-                _json(
+                call_json(
                     self.custom.get_namespaced_custom_object,
                     GROUP,
                     VERSION,
@@ -127,7 +127,7 @@ class Kube:
         body = {**job, "status": status}
         meta = job["metadata"]
         try:
-            _call(
+            call(
                 self.custom.replace_namespaced_custom_object_status,
                 GROUP,
                 VERSION,
@@ -143,7 +143,7 @@ class Kube:
 
     def delete_job(self, namespace: str, name: str) -> None:
         self._ignore_404(
-            lambda: _call(
+            lambda: call(
                 self.custom.delete_namespaced_custom_object,
                 GROUP,
                 VERSION,
@@ -156,7 +156,7 @@ class Kube:
 
     # --- pods
     def list_pods(self, namespace: str, job: str) -> list[Obj]:
-        doc = _json(
+        doc = call_json(
             self.core.list_namespaced_pod, namespace, label_selector=f"{LABEL_JOB_NAME}={job}"
         )
         return list(doc.get("items") or [])
@@ -168,7 +168,7 @@ class Kube:
 
     def _create_pod(self, pod: Obj, job_uid: str | None) -> int:
         try:
-            _call(self.core.create_namespaced_pod, pod["metadata"]["namespace"], pod)
+            call(self.core.create_namespaced_pod, pod["metadata"]["namespace"], pod)
             return 1
         except ApiException as exc:
             if exc.status == 409:
@@ -194,7 +194,7 @@ class Kube:
         precondition failed: that object is gone, and another has the name) are done."""
         body = {"preconditions": {"uid": uid}} if uid else None
         try:
-            _call(method, name, namespace, body=body)
+            call(method, name, namespace, body=body)
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
@@ -213,15 +213,15 @@ class Kube:
         from."""
         selector = LABEL_JOB_NAME
         if namespace is None:
-            doc = _json(self.core.list_pod_for_all_namespaces, label_selector=selector)
+            doc = call_json(self.core.list_pod_for_all_namespaces, label_selector=selector)
         else:
-            doc = _json(self.core.list_namespaced_pod, namespace, label_selector=selector)
+            doc = call_json(self.core.list_namespaced_pod, namespace, label_selector=selector)
         version = (doc.get("metadata") or {}).get("resourceVersion")
         return list(doc.get("items") or []), str(version) if version else None
 
     def list_nodes(self) -> tuple[list[Obj], str | None]:
         """Every node, and the resourceVersion to watch from."""
-        doc = _json(self.core.list_node)
+        doc = call_json(self.core.list_node)
         version = (doc.get("metadata") or {}).get("resourceVersion")
         return list(doc.get("items") or []), str(version) if version else None
 
@@ -308,7 +308,7 @@ class Kube:
         _, read, _, _ = self._methods(obj["kind"])
         ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
         try:
-            existing = dict(_json(read, name, ns))
+            existing = dict(call_json(read, name, ns))
         except ApiException as exc:
             if exc.status == 404:  # deleted since the 409: observe again
                 raise Conflict(f"{obj['kind']} {ns}/{name} went away") from None
@@ -326,7 +326,7 @@ class Kube:
             create, _, replace, _ = self._methods(obj["kind"])
             ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
             try:
-                _call(create, ns, obj)
+                call(create, ns, obj)
             except ApiException as exc:
                 if exc.status == 422:
                     raise _rejected(exc) from None
@@ -338,7 +338,7 @@ class Kube:
                     version = (existing.get("metadata") or {}).get("resourceVersion")
                     body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": version}}
                     try:
-                        _call(replace, name, ns, body)
+                        call(replace, name, ns, body)
                     except ApiException as exc2:
                         if exc2.status == 409:
                             raise Conflict(f"{obj['kind']} {ns}/{name} changed") from None
@@ -347,7 +347,7 @@ class Kube:
     def accepted_spec(self, namespace: str, job: str) -> Obj | None:
         """The spec the running attempt was started from (kept in the job's ConfigMap)."""
         try:
-            doc = _json(self.core.read_namespaced_config_map, config_map_name(job), namespace)
+            doc = call_json(self.core.read_namespaced_config_map, config_map_name(job), namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -362,7 +362,7 @@ class Kube:
     # --- the progress Lease (the trainer writes it; see core/observe.lease_view)
     def get_lease(self, namespace: str, name: str) -> Obj | None:
         try:
-            return dict(_json(self.coordination.read_namespaced_lease, name, namespace))
+            return dict(call_json(self.coordination.read_namespaced_lease, name, namespace))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -373,9 +373,9 @@ class Kube:
         from."""
         co, selector = self.coordination, LABEL_JOB_NAME
         if namespace is None:
-            doc = _json(co.list_lease_for_all_namespaces, label_selector=selector)
+            doc = call_json(co.list_lease_for_all_namespaces, label_selector=selector)
         else:
-            doc = _json(co.list_namespaced_lease, namespace, label_selector=selector)
+            doc = call_json(co.list_namespaced_lease, namespace, label_selector=selector)
         version = (doc.get("metadata") or {}).get("resourceVersion")
         return list(doc.get("items") or []), str(version) if version else None
 
@@ -406,7 +406,7 @@ class Kube:
             ("Lease", self.coordination.list_namespaced_lease),
         ):
             try:
-                items = _json(list_, namespace, label_selector=selector).get("items") or []
+                items = call_json(list_, namespace, label_selector=selector).get("items") or []
             except ApiException as exc:
                 if exc.status == 403:  # e.g. NetworkPolicies without --network-policy's RBAC
                     continue
@@ -443,7 +443,7 @@ class Kube:
             "count": 1,
         }
         try:
-            _call(self.core.create_namespaced_event, meta["namespace"], body)
+            call(self.core.create_namespaced_event, meta["namespace"], body)
         except ApiException as exc:  # events are best effort; never block a reconcile on them
             log.warning("could not post event %s for %s: %s", reason, meta["name"], exc.reason)
 

@@ -20,7 +20,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from megatron_operator.cluster.errors import classify
-from megatron_operator.cluster.kube import _call, _json
+from megatron_operator.cluster.kube import call, call_json
 from megatron_operator.core.election import Record, may_take, read, released, spec_for
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class LeaderElector:
     # --- one attempt
     def _get(self) -> dict[str, Any] | None:
         try:
-            lease = _json(self.api.read_namespaced_lease, self.name, self.namespace)
+            lease = call_json(self.api.read_namespaced_lease, self.name, self.namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -80,12 +80,12 @@ class LeaderElector:
                     "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": spec,
                 }
-                _call(self.api.create_namespaced_lease, self.namespace, body)
+                call(self.api.create_namespaced_lease, self.namespace, body)
             else:
                 # Optimistic concurrency: the resourceVersion we read makes two replicas taking
                 # an expired Lease at once end with one winner (the other gets a 409).
                 lease["spec"] = {**(lease.get("spec") or {}), **spec}
-                _call(self.api.replace_namespaced_lease, self.name, self.namespace, lease)
+                call(self.api.replace_namespaced_lease, self.name, self.namespace, lease)
         except ApiException as exc:
             if exc.status == 409:
                 return False
@@ -156,7 +156,7 @@ class LeaderElector:
             if lease is None or spec is None:
                 return
             lease["spec"] = {**(lease.get("spec") or {}), **spec}
-            _call(self.api.replace_namespaced_lease, self.name, self.namespace, lease)
+            call(self.api.replace_namespaced_lease, self.name, self.namespace, lease)
             log.info("released the Lease %s/%s", self.namespace, self.name)
         except Exception as exc:
             log.warning("could not release the Lease: %s", classify(exc) or exc)

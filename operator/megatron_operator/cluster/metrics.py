@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from megatron_operator.api.status import PHASES
 from megatron_operator.core.observe import parse_time
@@ -81,9 +81,6 @@ class Metrics:
         )
         # The checkpoint step each job's checkpoint_time belongs to (the gauge has no history).
         self._checkpoints: dict[tuple[str, str], int] = {}
-
-    def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)
 
     def observe_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         phase = status.get("phase")

@@ -16,7 +16,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from megatron_operator.api import SpecError, load_job
-from megatron_operator.cluster.kube import Conflict, Kube, _call, _json
+from megatron_operator.cluster.kube import Conflict, Kube, call, call_json
 from megatron_operator.cluster.watch import WATCH_SECONDS, Watcher
 from megatron_operator.core import kueue
 from megatron_operator.core.kueue import WorkloadPhase
@@ -34,7 +34,7 @@ RESET_ATTEMPTS: Final = 5
 def kueue_installed(kube: Kube) -> bool:
     """Whether the cluster serves Kueue's v1beta2 Workloads (discovery: needs no RBAC)."""
     try:
-        doc = _json(kube.custom.get_api_resources, kueue.GROUP, kueue.VERSION)
+        doc = call_json(kube.custom.get_api_resources, kueue.GROUP, kueue.VERSION)
     except ApiException as exc:
         if exc.status == 404:
             return False
@@ -61,7 +61,7 @@ def kueue_permitted(kube: Kube, namespaces: tuple[str, ...]) -> list[str]:
                     }
                 },
             }
-            doc = _json(authz.create_self_subject_access_review, review)
+            doc = call_json(authz.create_self_subject_access_review, review)
             if not (doc.get("status") or {}).get("allowed"):
                 missing.append(f"{verb} workloads" + (f" in {namespace}" if namespace else ""))
     return missing
@@ -101,7 +101,7 @@ class Queues:
     def get(self, namespace: str, name: str) -> Obj | None:
         try:
             return dict(
-                _json(
+                call_json(
                     self.custom.get_namespaced_custom_object,
                     kueue.GROUP,
                     kueue.VERSION,
@@ -118,7 +118,7 @@ class Queues:
     def _get_cluster(self, plural: str, name: str) -> Obj | None:
         try:
             return dict(
-                _json(
+                call_json(
                     self.custom.get_cluster_custom_object, kueue.GROUP, kueue.VERSION, plural, name
                 )
             )
@@ -146,7 +146,7 @@ class Queues:
                 )
             return int(wpc.get("value") or 0), None
         try:
-            pc = _json(self.scheduling.read_priority_class, name)
+            pc = call_json(self.scheduling.read_priority_class, name)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -171,7 +171,7 @@ class Queues:
     def delete(self, namespace: str, name: str) -> None:
         log.info("%s: deleting Workload %s", namespace, name)
         try:
-            _call(
+            call(
                 self.custom.delete_namespaced_custom_object,
                 kueue.GROUP,
                 kueue.VERSION,
@@ -187,7 +187,7 @@ class Queues:
     def _create(self, workload: Obj) -> None:
         meta = workload["metadata"]
         try:
-            _call(
+            call(
                 self.custom.create_namespaced_custom_object,
                 kueue.GROUP,
                 kueue.VERSION,
@@ -200,6 +200,18 @@ class Queues:
             if exc.status != 409:
                 raise
 
+    def _patch_status(self, namespace: str, name: str, body: Obj, **kwargs: Any) -> None:
+        call(
+            self.custom.patch_namespaced_custom_object_status,
+            kueue.GROUP,
+            kueue.VERSION,
+            namespace,
+            kueue.WORKLOAD_PLURAL,
+            name,
+            body,
+            **kwargs,
+        )
+
     def _apply_condition(self, namespace: str, name: str, cond: Obj) -> None:
         """Server-side apply of one condition with its own field manager (Kueue owns the rest
         of the status). A Workload gone in the meantime needs nothing."""
@@ -207,17 +219,8 @@ class Queues:
             {"metadata": {"name": name, "namespace": namespace}}, cond
         )
         try:
-            _call(
-                self.custom.patch_namespaced_custom_object_status,
-                kueue.GROUP,
-                kueue.VERSION,
-                namespace,
-                kueue.WORKLOAD_PLURAL,
-                name,
-                body,
-                field_manager=manager,
-                force=True,
-                _content_type=APPLY_PATCH,
+            self._patch_status(
+                namespace, name, body, field_manager=manager, force=True, _content_type=APPLY_PATCH
             )
         except ApiException as exc:
             if exc.status != 404:
@@ -231,15 +234,8 @@ class Queues:
             if raw is None or kueue.workload_state(raw).phase is not WorkloadPhase.EVICTED:
                 return
             try:
-                _call(
-                    self.custom.patch_namespaced_custom_object_status,
-                    kueue.GROUP,
-                    kueue.VERSION,
-                    namespace,
-                    kueue.WORKLOAD_PLURAL,
-                    name,
-                    kueue.eviction_reset_patch(raw, now),
-                    _content_type=MERGE_PATCH,
+                self._patch_status(
+                    namespace, name, kueue.eviction_reset_patch(raw, now), _content_type=MERGE_PATCH
                 )
                 log.info("%s: Workload %s reset after its eviction", namespace, name)
                 return
