@@ -72,6 +72,24 @@ def test_unknown_argument_exits_2() -> None:
     assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--leader-elect"], "--leader-elect needs --leader-election-namespace or $POD_NAMESPACE"),
+        (["--metrics-port=70000"], "--metrics-port must be 0-65535"),
+        (["--workers=0"], "--workers ≥ 1"),
+        (["--kueue=maybe"], "invalid choice: 'maybe'"),
+    ],
+)
+def test_operator_flags_refused_before_connecting(
+    args: list[str], fragment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    proc = _mjob("operator", *args)
+    assert proc.returncode == 2, proc.stderr
+    assert fragment in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_plan_json_has_the_contract_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", TINY, "-o", "json"]) == 0
     plan = json.loads(capsys.readouterr().out)
