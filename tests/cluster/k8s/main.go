@@ -1,12 +1,14 @@
 // Command k8s is a hyperkube-style multi-call binary for the local test control plane:
-// kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and etcd, all built from
-// the k8s.io/kubernetes module graph pinned in ../go.mod.
+// kube-apiserver, kube-scheduler, kube-controller-manager, kubelet, kubectl and etcd, all built
+// from the k8s.io/kubernetes module graph pinned in ../go.mod, plus two helpers of our own:
+// gen-pki (certificates) and netns-forward (TCP forwarders listening inside network namespaces).
 //
 // The component is chosen by the name the binary is invoked as (a symlink such as
 // "kubectl"), or else by the first argument: `k8s kube-apiserver --flags...`.
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -25,6 +27,7 @@ import (
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 
 	"go.etcd.io/etcd/server/v3/etcdmain"
 )
@@ -46,7 +49,11 @@ var commands = map[string]func() int{
 		}
 		return 0
 	},
-	"gen-pki": genPKICommand,
+	"kubelet": func() int {
+		return runCobra(func() *cobra.Command { return kubelet.NewKubeletCommand(context.Background()) })
+	},
+	"gen-pki":       genPKICommand,
+	"netns-forward": netnsForwardCommand,
 	"etcd": func() int {
 		etcdmain.Main(os.Args)
 		return 0
