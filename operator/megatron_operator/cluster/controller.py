@@ -190,7 +190,7 @@ class Controller:
                 world = replace(world, job=fresh, conflict=str(exc))
             out = reconcile(world, self.settings)
             self._apply(fresh, out)
-        wrote = bool(out.create) or bool(out.delete_pods)
+        wrote = bool(out.create) or bool(out.delete_pods) or bool(out.force_delete)
         if wrote and self.refusals.pop((namespace, name), None) is not None:
             return min(out.requeue_after, 0.2)  # the next reconcile clears the condition
         return out.requeue_after
@@ -223,6 +223,15 @@ class Controller:
         if out.delete_pods:
             log.info("%s/%s: deleting %d pods", namespace, name, len(out.delete_pods))
             self.kube.delete_pods(namespace, out.delete_pods, out.delete_uids)
+        if out.force_delete:
+            log.warning(
+                "%s/%s: force-deleting %d pods on lost nodes: %s",
+                namespace,
+                name,
+                len(out.force_delete),
+                ", ".join(out.force_delete[:5]),
+            )
+            self.kube.delete_pods(namespace, out.force_delete, out.delete_uids, force=True)
         if out.create:
             pods = out.create_pods
             uid = meta.get("uid")
