@@ -57,10 +57,9 @@ class RealCluster(Cluster):
         return result
 
 
-@pytest.fixture(scope="module")
-def real_cluster() -> Iterator[RealCluster]:
-    """One cluster per test module: 1 kwok node and 2 real nodes, a short node-monitor grace
-    period (so kill-node shows NotReady in ~15 s). The last test of a module may down it."""
+def real_cluster_with(real_nodes: int) -> Iterator[RealCluster]:
+    """A cluster of 1 kwok node and `real_nodes` real ones, with a short node-monitor grace
+    period (so a killed node is NotReady in ~15 s); downed at the end."""
     build_paths()
     state = Path(tempfile.mkdtemp(prefix="megatron-real-"))
     c = start_cluster(
@@ -73,12 +72,13 @@ def real_cluster() -> Iterator[RealCluster]:
             "--nodes-per-rack",
             "2",
             "--real-nodes",
-            "2",
+            str(real_nodes),
             "--node-monitor-grace-period",
             "15",
             "--timeout",
-            "300",
+            "900",
         ],
+        timeout=1000,
     )
     rc = RealCluster(state_dir=c.state_dir, info=c.info)
     try:
@@ -86,6 +86,12 @@ def real_cluster() -> Iterator[RealCluster]:
     finally:
         rc.down()
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def real_cluster() -> Iterator[RealCluster]:
+    """One cluster per test module with 2 real nodes. The last test of a module may down it."""
+    yield from real_cluster_with(2)
 
 
 def pod(
