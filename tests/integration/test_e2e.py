@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import subprocess
 import sys
 import threading
@@ -79,8 +78,14 @@ def operator(e2e: RealCluster) -> Iterator[RealCluster]:
         yield c
     finally:
         logs = c.kubectl(
-            "logs", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=megatron-operator",
-            "--tail", "200", check=False,
+            "logs",
+            "-n",
+            OPERATOR_NS,
+            "-l",
+            "app.kubernetes.io/name=megatron-operator",
+            "--tail",
+            "200",
+            check=False,
         )
         print("--- operator log (tail)\n" + logs.stdout + logs.stderr, file=sys.stderr)
 
@@ -173,14 +178,22 @@ class Rank0Logs:
     def _watch(self) -> None:
         while not self.stop.is_set():
             proc = self.c.kubectl(
-                "get", "pods", "-n", self.ns, "-l", f"{JOB_LABEL}={self.job},{RANK_LABEL}=0",
-                "-o", "json", check=False,
+                "get",
+                "pods",
+                "-n",
+                self.ns,
+                "-l",
+                f"{JOB_LABEL}={self.job},{RANK_LABEL}=0",
+                "-o",
+                "json",
+                check=False,
             )
             if proc.returncode == 0:
                 for pod in json.loads(proc.stdout)["items"]:
                     name = pod["metadata"]["name"]
                     started = any(
-                        "running" in (cs.get("state") or {}) or "terminated" in (cs.get("state") or {})
+                        "running" in (cs.get("state") or {})
+                        or "terminated" in (cs.get("state") or {})
                         for cs in pod.get("status", {}).get("containerStatuses") or []
                     )
                     if started and name not in self.followed:
@@ -219,9 +232,21 @@ def local_losses(tmp: Path, name: str, s: dict[str, Any]) -> dict[int, float]:
     path.write_text(yaml.safe_dump(job_doc(name, local)))
     workdir = tmp / f"{name}-local"
     proc = subprocess.run(
-        [sys.executable, "-m", "megatron_operator.cli.main", "run", str(path), "--local",
-         "--workdir", str(workdir)],
-        capture_output=True, text=True, timeout=1200, check=False, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "megatron_operator.cli.main",
+            "run",
+            str(path),
+            "--local",
+            "--workdir",
+            str(workdir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((workdir / "summary.json").read_text())
@@ -241,7 +266,9 @@ def job_status(c: RealCluster, ns: str, name: str) -> dict[str, Any]:
     return status
 
 
-def wait_phase(c: RealCluster, ns: str, name: str, phases: set[str], timeout: float) -> dict[str, Any]:
+def wait_phase(
+    c: RealCluster, ns: str, name: str, phases: set[str], timeout: float
+) -> dict[str, Any]:
     def ready() -> dict[str, Any] | None:
         st = job_status(c, ns, name)
         return st if st.get("phase") in phases else None
@@ -250,8 +277,11 @@ def wait_phase(c: RealCluster, ns: str, name: str, phases: set[str], timeout: fl
     return result
 
 
-def wait_iteration(c: RealCluster, ns: str, name: str, at_least: int, timeout: float) -> dict[str, Any]:
+def wait_iteration(
+    c: RealCluster, ns: str, name: str, at_least: int, timeout: float
+) -> dict[str, Any]:
     """Progress as the operator shows it: rank 0 reported it through the job's Lease."""
+
     def reached() -> dict[str, Any] | None:
         st = job_status(c, ns, name)
         it = (st.get("progress") or {}).get("iteration") or 0
@@ -329,14 +359,18 @@ def test_suspend_checkpoints_within_the_grace_period_and_resumes_there(
     try:
         wait_phase(c, ns, "pause", {"Running"}, 300)
         wait_iteration(c, ns, "pause", 6, 300)
-        c.kubectl("patch", "mj", "-n", ns, "pause", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+        c.kubectl(
+            "patch", "mj", "-n", ns, "pause", "--type=merge", "-p", '{"spec":{"suspend":true}}'
+        )
         wait_phase(c, ns, "pause", {"Suspended"}, 120)
         c.wait(lambda: not pods_of(c, ns, "pause"), 120, 1.0, "the suspended job's pods to go")
         tracker = checkpoint_dir_on_host(c, ns, "pause") / "latest_checkpointed_iteration.txt"
         saved = int(tracker.read_text().strip())
         assert 6 <= saved < 24
         assert f"SIGTERM: saved iteration {saved}; exiting with 143" in logs.text()
-        c.kubectl("patch", "mj", "-n", ns, "pause", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+        c.kubectl(
+            "patch", "mj", "-n", ns, "pause", "--type=merge", "-p", '{"spec":{"suspend":false}}'
+        )
         done = wait_phase(c, ns, "pause", {"Succeeded", "Failed"}, 900)
         assert done["phase"] == "Succeeded", done
         assert f"RESUME: loading checkpoint iteration {saved}" in logs.text()
@@ -403,7 +437,9 @@ def test_node_loss_restarts_on_the_remaining_nodes_with_the_same_curve(
         assert done["lastFailure"]["reason"] == "NodeLost", done["lastFailure"]
         again = pods_of(c, ns, "lost", 1)
         assert {p["spec"]["nodeName"] for p in again}.isdisjoint({victim})
-        events = c.kubectl("get", "events", "-n", ns, "--field-selector", "reason=ForceDeleted").stdout
+        events = c.kubectl(
+            "get", "events", "-n", ns, "--field-selector", "reason=ForceDeleted"
+        ).stdout
         assert victim in events
     finally:
         logs.close()

@@ -11,7 +11,7 @@ import json
 import threading
 from typing import Any
 
-from megatron_operator.cluster.watch import NodeReadiness, Watcher
+from megatron_operator.cluster.watch import NodeReadiness, PodCache, Watcher
 
 
 class _Stream:
@@ -102,3 +102,63 @@ def test_a_refused_watch_backs_off_instead_of_retrying_every_second() -> None:
     assert delays[0] <= 0.5 and delays[-1] >= 15.0
     assert all(d <= 30.0 for d in delays)
     assert sum(delays) > 30.0  # a flat 1 s retry would have waited 8 s in all
+
+
+def _pod(name: str, job: str, ns: str = "team", phase: str = "Running") -> dict[str, Any]:
+    meta = {
+        "name": name,
+        "namespace": ns,
+        "uid": f"uid-{name}",
+        "resourceVersion": "5",
+        "labels": {"megatron.dev/job-name": job},
+    }
+    return {"metadata": meta, "spec": {"nodeName": "n1"}, "status": {"phase": phase}}
+
+
+def test_the_pod_cache_answers_only_after_its_list_and_follows_the_watch() -> None:
+    """Reconciles read pods from here instead of LISTing them; an incomplete cache answers None
+    (the caller LISTs), since a pod it lacks would read as deleted."""
+    wakes: list[tuple[str, str]] = []
+    cache = PodCache(lambda ns, job: wakes.append((ns, job)))
+    assert cache.pods("team", "a") is None
+    watcher: Watcher
+
+    def start_watch(version: str | None) -> _Stream:
+        assert cache.pods("team", "a") is not None  # the list is in before the watch starts
+        events = [
+            {"type": "MODIFIED", "object": _pod("a-a0-0", "a", phase="Failed")},
+            {"type": "DELETED", "object": _pod("a-a0-1", "a")},
+            {"type": "ADDED", "object": _pod("b-a0-0", "b")},
+            {"type": "MODIFIED", "object": _pod("c-a0-0", "b")},  # relabelled from c to b
+        ]
+        return _Stream(events, watcher.stopping)
+
+    listed = [_pod("a-a0-0", "a"), _pod("a-a0-1", "a"), _pod("c-a0-0", "c")]
+    watcher = Watcher(
+        "pods",
+        start_watch,
+        cache.handle,
+        list_all=lambda: (listed, "4"),
+        replace=lambda items: cache.replace(None, items),
+    )
+    watcher.run()
+    a = cache.pods("team", "a")
+    assert a is not None and [(p.name, p.phase) for p in a] == [("a-a0-0", "Failed")]
+    b = cache.pods("team", "b")
+    assert b is not None and sorted(p.name for p in b) == ["b-a0-0", "c-a0-0"]
+    assert cache.pods("team", "c") == []  # moved, not left behind under its old job
+    assert cache.pods("other", "a") == []  # listed cluster-wide: every namespace is known
+    assert ("team", "c") in wakes and ("team", "b") in wakes
+
+
+def test_a_relist_replaces_its_scope_at_once() -> None:
+    """After a 410 the watch lists again: pods deleted meanwhile must go, and only in the
+    relisted namespace."""
+    cache = PodCache(lambda ns, job: None)
+    cache.replace("x", [_pod("a-a0-0", "a", "x"), _pod("a-a0-1", "a", "x")])
+    assert cache.pods("y", "a") is None  # namespace y not listed yet
+    cache.replace("y", [_pod("a-a0-0", "a", "y")])
+    cache.replace("x", [_pod("a-a0-1", "a", "x")])
+    x, y = cache.pods("x", "a"), cache.pods("y", "a")
+    assert x is not None and [p.name for p in x] == ["a-a0-1"]
+    assert y is not None and [p.name for p in y] == ["a-a0-0"]

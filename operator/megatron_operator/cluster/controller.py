@@ -10,18 +10,19 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from megatron_operator.cluster.errors import ApiError, ErrorKind, classify
 from megatron_operator.cluster.kube import ChildConflict, Conflict, Kube, Rejected
 from megatron_operator.cluster.metrics import Metrics
+from megatron_operator.cluster.watch import PodCache
 from megatron_operator.cluster.workloads import Queues
 from megatron_operator.core.backoff import Backoff
 from megatron_operator.core.names import progress_lease_name
-from megatron_operator.core.observe import lease_view, parse_time, pod_view
+from megatron_operator.core.observe import PodView, lease_view, parse_time, pod_view
 from megatron_operator.core.reconcile import Outcome, Settings, World, reconcile
 
 log = logging.getLogger(__name__)
@@ -33,10 +34,37 @@ NodeLookup = Callable[[str], "tuple[bool, datetime | None]"]
 # Consecutive transient failures (429, 5xx, no answer) before the job's owner is told.
 TRANSIENT_BEFORE_CONDITION = 3
 API_BACKOFF = Backoff(base=1.0, factor=2.0, cap=120.0, jitter=0.5)
+# How long a create or delete we made is trusted while the pod cache has not shown it yet
+# (a controller's "expectations"): a reconcile in between would otherwise repeat 1,024 calls.
+EXPECT_SECONDS = 30.0
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+@dataclass
+class Expectations:
+    """A job's own recent creates and deletes, trusted for EXPECT_SECONDS while the pod cache
+    has not shown them yet (a controller's "expectations"): a reconcile in between would
+    otherwise repeat a gang's 1,024 calls."""
+
+    deleted: dict[str, float] = field(default_factory=dict)  # pod uid → when (monotonic)
+    created: dict[str, float] = field(default_factory=dict)  # pod name → when
+
+    def forget(self, clock: float) -> None:
+        """Drop what the cache must show by now (or never will: a failed call is retried)."""
+        cutoff = clock - EXPECT_SECONDS
+        self.deleted = {k: t for k, t in self.deleted.items() if t >= cutoff}
+        self.created = {k: t for k, t in self.created.items() if t >= cutoff}
+
+    def deleted_now(self, uids: Iterable[str | None]) -> None:
+        clock = time.monotonic()
+        self.deleted.update({u: clock for u in uids if u})
+
+    def created_now(self, names: Iterable[str]) -> None:
+        clock = time.monotonic()
+        self.created.update({n: clock for n in names})
 
 
 class Controller:
@@ -57,6 +85,10 @@ class Controller:
         self.failures: dict[tuple[str, str], int] = {}
         self.refusals: dict[tuple[str, str], str] = {}
         self.queues = queues  # None: the operator runs without Kueue
+        self.pods: PodCache | None = None  # the pod watches' cache; None: LIST every time
+        # Per job, our own recent calls the cache may not show yet. One job reconciles in one
+        # thread at a time, so each job's table is only ever touched by one thread.
+        self.expected: dict[tuple[str, str], Expectations] = {}
 
     def reconcile_job(
         self, namespace: str, name: str, nodes: NodeLookup | None = None, uid: str | None = None
@@ -113,23 +145,29 @@ class Controller:
                 return
             # The real pods: the status written here must be the one a full reconcile would
             # write (an empty pod list would read as every pod gone).
-            raw_pods = self.kube.list_pods(namespace, name)
-            world = self._world(job, raw_pods, None, self.kube.accepted_spec(namespace, name))
+            pods = [pod_view(p) for p in self.kube.list_pods(namespace, name)]
+            world = self._world(job, pods, None, self.kube.accepted_spec(namespace, name))
             out = reconcile(world, self.settings)
             self._write_status(job, out)
         except Exception as exc:  # best effort: the next reconcile tries again
             log.warning("%s/%s: could not report the refusal: %s", namespace, name, exc)
 
+    def _pods(self, namespace: str, name: str) -> list[PodView]:
+        """The job's pods: from the watch cache once it has listed them, else a LIST."""
+        cached = self.pods.pods(namespace, name) if self.pods is not None else None
+        if cached is not None:
+            return cached
+        return [pod_view(p) for p in self.kube.list_pods(namespace, name)]
+
     def _world(
         self,
         job: dict[str, Any],
-        raw_pods: list[dict[str, Any]],
+        pods: list[PodView],
         nodes: NodeLookup | None,
         accepted: Mapping[str, Any] | None,
     ) -> World:
         meta = job["metadata"]
         namespace, name = str(meta["namespace"]), str(meta["name"])
-        pods = [pod_view(p) for p in raw_pods]
         not_ready: dict[str, datetime] = {}
         known: set[str] | None = None
         if nodes is not None:
@@ -161,6 +199,7 @@ class Controller:
         job = self.kube.get_job(namespace, name)
         if job is None:
             self.metrics.forget(namespace, name)
+            self.expected.pop((namespace, name), None)
             self.failures.pop((namespace, name), None)
             self.refusals.pop((namespace, name), None)
             return math.inf
@@ -168,12 +207,12 @@ class Controller:
             return math.inf  # deleted and re-created: the new job has its own loop
         if job["metadata"].get("deletionTimestamp"):
             return self.settings.resync_seconds  # the delete handler takes it from here
-        raw_pods = self.kube.list_pods(namespace, name)
+        pods = self._pods(namespace, name)
         raw_status = job.get("status")
         status: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
         # The accepted spec lives in the ConfigMap, which exists once an attempt was launched.
         accepted = self.kube.accepted_spec(namespace, name) if "launchedAttempt" in status else None
-        world = self._world(job, raw_pods, nodes, accepted)
+        world = self._world(job, pods, nodes, accepted)
         out = reconcile(world, self.settings)
         try:
             self._apply(job, out)
@@ -220,10 +259,14 @@ class Controller:
             created = parse_time(meta.get("creationTimestamp"))
             if created is not None:
                 self.metrics.time_to_running.observe((now - created).total_seconds())
-        if out.delete_pods:
-            log.info("%s/%s: deleting %d pods", namespace, name, len(out.delete_pods))
-            self.kube.delete_pods(namespace, out.delete_pods, out.delete_uids)
-        if out.force_delete:
+        expect = self.expected.setdefault((namespace, name), Expectations())
+        expect.forget(time.monotonic())
+        deletes = [n for n in out.delete_pods if out.delete_uids.get(n) not in expect.deleted]
+        if deletes:
+            log.info("%s/%s: deleting %d pods", namespace, name, len(deletes))
+            self.kube.delete_pods(namespace, deletes, out.delete_uids)
+            expect.deleted_now(out.delete_uids.get(n) for n in deletes)
+        if out.force_delete:  # already deleting, on a lost node: never held back
             log.warning(
                 "%s/%s: force-deleting %d pods on lost nodes: %s",
                 namespace,
@@ -232,11 +275,12 @@ class Controller:
                 ", ".join(out.force_delete[:5]),
             )
             self.kube.delete_pods(namespace, out.force_delete, out.delete_uids, force=True)
-        if out.create:
-            pods = out.create_pods
+        pods = [p for p in out.create_pods if p["metadata"]["name"] not in expect.created]
+        if pods:  # the other children go with them (get-or-create); not again for cached pods
             uid = meta.get("uid")
             self.kube.ensure_children([o for o in out.create if o["kind"] != "Pod"], uid)
             made = self.kube.create_pods(pods, uid)
+            expect.created_now(p["metadata"]["name"] for p in pods)
             attempt = out.status.get("restartAttempt")
             log.info("%s/%s: attempt %s: created %d pods", namespace, name, attempt, made)
         if out.delete_job:

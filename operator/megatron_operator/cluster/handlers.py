@@ -28,6 +28,7 @@ from megatron_operator.cluster.health import Health
 from megatron_operator.cluster.leader import LeaderElector
 from megatron_operator.cluster.watch import (
     NodeReadiness,
+    PodCache,
     Watcher,
     lease_watchers,
     node_watcher,
@@ -174,8 +175,9 @@ async def start(memo: kopf.Memo, **_: Any) -> None:
 
     kube = runtime.controller.kube
     runtime.nodes = NodeReadiness(wake_all)
+    runtime.controller.pods = PodCache(wake)
     runtime.watchers = [
-        *pod_watchers(kube, list(runtime.namespaces), wake),
+        *pod_watchers(kube, list(runtime.namespaces), runtime.controller.pods),
         *lease_watchers(kube, list(runtime.namespaces), wake),
         node_watcher(kube, runtime.nodes),
     ]
