@@ -9,6 +9,11 @@ CONFIG_MOUNT: Final = "/etc/megatron"  # the ConfigMap's mount in the trainer co
 CONFIG_KEY: Final = "config.json"  # the resolved trainer config's key in that ConfigMap
 DEFAULT_CONFIG_PATH: Final = f"{CONFIG_MOUNT}/{CONFIG_KEY}"
 CHECKPOINT_MOUNT: Final = "/mnt/checkpoints"  # the checkpoint volume's mount
+# Where the trainer writes why it stopped; the kubelet copies it into the container's
+# terminated state (message), which the operator puts in status.lastFailure. Kubernetes' default
+# terminationMessagePath; pods also set FallbackToLogsOnError for crashes that write nothing.
+TERMINATION_LOG: Final = "/dev/termination-log"
+TERMINATION_MESSAGE_MAX: Final = 1024  # characters kept; the kubelet's own limit is 4096 bytes
 
 # The Megatron-LM checkpoint layout, so Megatron-LM's own tools read our checkpoints:
 #   <dir>/latest_checkpointed_iteration.txt   (written only once a save is complete)

@@ -122,3 +122,15 @@ def test_version_and_unexpected_arguments() -> None:
         text=True,
     )
     assert bad.returncode == ExitCode.CONFIG and "--version" in bad.stderr
+
+
+def test_termination_message_only_where_the_kubelet_made_the_file(tmp_path: Path) -> None:
+    from megatron_trainer.launcher import write_termination_message
+
+    log = tmp_path / "termination-log"
+    assert not write_termination_message("why", str(log))  # no file: not in a pod
+    assert not log.exists()
+    log.write_text("")
+    assert write_termination_message("x" * 5000 + "the reason", str(log))
+    text = log.read_text()
+    assert text.endswith("the reason") and len(text) == 1024

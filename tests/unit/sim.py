@@ -57,6 +57,8 @@ class Sim:
             pod = self.pods.get(name)
             if pod is not None:
                 pod["metadata"]["deletionTimestamp"] = format_time(self.now)
+        for name in out.force_delete:  # no grace period: the apiserver removes it at once
+            self.pods.pop(name, None)
         lease = next((o for o in out.create if o["kind"] == "Lease"), None)
         if lease is not None and self.lease is None:  # get-or-create, never replaced
             self.lease = copy.deepcopy(lease)

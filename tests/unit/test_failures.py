@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from megatron_operator.core.failures import Nodes, classify
-from megatron_operator.core.observe import PodView
+from megatron_operator.core.observe import PodView, pod_view
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 RUNNING = PodView(
@@ -89,3 +89,41 @@ def test_a_node_within_its_grace_is_looked_at_again_when_the_grace_ends() -> Non
     failure, again = classify(RUNNING, replace(READY, not_ready={"node-a": since}), NOW)
     assert failure is None
     assert again == since + timedelta(seconds=30)
+
+
+def test_the_trainers_termination_message_reaches_the_failure() -> None:
+    """The kubelet copies the trainer's termination log into the terminated state; the failure
+    (and so status.lastFailure) quotes it, trimmed to its last lines."""
+
+    raw = {
+        "metadata": {"name": "job-a0-1", "labels": {}},
+        "spec": {"nodeName": "node-a"},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "state": {
+                        "terminated": {
+                            "exitCode": 78,
+                            "reason": "Error",
+                            "message": "noise\n" * 50 + "checkpoint.dir: cannot write to /x\n",
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    x = pod_view(raw)
+    assert x.exit_code == 78
+    assert x.terminated_message == "noise | noise | checkpoint.dir: cannot write to /x"
+    failure, _ = classify(x, READY, NOW)
+    assert failure is not None and failure.exit_code == 78
+    assert failure.message.endswith(
+        "exited 78 (Error): noise | noise | checkpoint.dir: cannot write to /x"
+    )
+    blank = {**raw, "status": {**raw["status"]}}
+    blank["status"]["containerStatuses"] = [
+        {"name": "trainer", "state": {"terminated": {"exitCode": 1, "message": "  \n"}}}
+    ]
+    assert pod_view(blank).terminated_message is None

@@ -128,6 +128,48 @@ def test_node_lost_after_grace() -> None:
     assert sim.status["restartsCounted"] == 0
 
 
+def test_a_pod_stranded_on_a_lost_node_is_force_deleted_then_the_gang_restarts() -> None:
+    """A lost node's kubelet never confirms a delete: without a forced delete the next attempt
+    would wait for that pod forever."""
+    sim = _sim({"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0}})
+    _running(sim)
+    node = sim.pods["job-a0-1"]["spec"]["nodeName"]
+    uid = sim.pods["job-a0-1"]["metadata"]["uid"]
+    sim.not_ready[node] = sim.now
+    sim.tick(31)
+    out = sim.step()  # NodeLost: every pod is deleted with its grace period first
+    assert sim.status["phase"] == "Restarting"
+    assert "job-a0-1" in out.delete_pods and out.force_delete == []
+    for name in [n for n, p in sim.pods.items() if p["spec"]["nodeName"] != node]:
+        del sim.pods[name]  # the healthy kubelets finish their deletes; the lost one cannot
+    out = sim.step()
+    assert out.force_delete == ["job-a0-1"] and out.delete_uids["job-a0-1"] == uid
+    assert out.delete_pods == []
+    assert any(r == "ForceDeleted" and node in m for r, m in sim.events)
+    for _ in range(3):
+        sim.tick(1)
+        sim.step()
+    assert sim.attempts() == {"1"} and len(sim.pods) == 4
+
+
+def test_a_deleting_pod_is_not_forced_before_its_node_counts_as_lost() -> None:
+    sim = _sim({"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0}})
+    _running(sim)
+    node = sim.pods["job-a0-2"]["spec"]["nodeName"]
+    sim.fail("job-a0-0")
+    sim.step()  # the gang restart: every pod is being deleted
+    for name in [n for n in sim.pods if n != "job-a0-2"]:
+        del sim.pods[name]
+    sim.not_ready[node] = sim.now  # its node stops answering while the delete is pending
+    sim.tick(10)
+    out = sim.step()
+    assert out.force_delete == [] and "job-a0-2" in sim.pods
+    assert 19 < out.requeue_after <= 20.1  # woken when the node counts as lost
+    sim.tick(21)
+    out = sim.step()
+    assert out.force_delete == ["job-a0-2"] and "job-a0-2" not in sim.pods
+
+
 def test_hang_detection() -> None:
     sim = _sim({"restartPolicy": {"hangTimeoutSeconds": 60}})
     _running(sim)

@@ -28,6 +28,7 @@ from megatron_contract.config import load_config
 from megatron_contract.env import RuntimeEnv, runtime_env
 from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
+from megatron_contract.paths import TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 
 from .decisions import CUDA_DEVICE_MAX_CONNECTIONS, cuda_env_defaults
 from .signals import LAUNCHER_PID_ENV
@@ -194,6 +195,21 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
+def write_termination_message(text: str, path: str = TERMINATION_LOG) -> bool:
+    """Say why the pod stops: the kubelet copies this file into the container's terminated
+    state, and the operator puts it in status.lastFailure. Only where the kubelet made the file
+    (not under `mjob run --local`); a failure to write is not an error, since the log's tail is
+    the fallback (FallbackToLogsOnError)."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text[-TERMINATION_MESSAGE_MAX:])
+    except OSError:
+        return False
+    return True
+
+
 def _check_writable(directory: str) -> None:
     """Checkpoints, TensorBoard and data caches go here: fail now, not after minutes of start-up."""
     try:
@@ -242,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_writable(config.checkpoint.dir)
     except ConfigError as err:
         print(f"megatron_trainer: {err}", file=sys.stderr, flush=True)
+        write_termination_message(str(err))
         return ExitCode.CONFIG
     print(
         f"megatron_trainer: job {config.job.name} node {env.node_rank}/{env.nnodes}: starting "

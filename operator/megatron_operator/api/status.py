@@ -64,6 +64,7 @@ class Reason(StrEnum):
     ADMITTED = "Admitted"
     EVICTED = "Evicted"  # Kueue took the quota back (preemption, deactivation, ...)
     ADMISSION_CONFLICT = "AdmissionConflict"  # the admitted flavor contradicts the job's pods
+    FORCE_DELETED = "ForceDeleted"  # a pod on a lost node, whose kubelet cannot finish its delete
 
 
 class EventType(StrEnum):

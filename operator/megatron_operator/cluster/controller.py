@@ -229,7 +229,7 @@ class Controller:
                 world = replace(world, job=fresh, conflict=str(exc))
             out = reconcile(world, self.settings)
             self._apply(fresh, out)
-        wrote = bool(out.create) or bool(out.delete_pods)
+        wrote = bool(out.create) or bool(out.delete_pods) or bool(out.force_delete)
         if wrote and self.refusals.pop((namespace, name), None) is not None:
             return min(out.requeue_after, 0.2)  # the next reconcile clears the condition
         return out.requeue_after
@@ -266,6 +266,15 @@ class Controller:
             log.info("%s/%s: deleting %d pods", namespace, name, len(deletes))
             self.kube.delete_pods(namespace, deletes, out.delete_uids)
             expect.deleted_now(out.delete_uids.get(n) for n in deletes)
+        if out.force_delete:  # already deleting, on a lost node: never held back
+            log.warning(
+                "%s/%s: force-deleting %d pods on lost nodes: %s",
+                namespace,
+                name,
+                len(out.force_delete),
+                ", ".join(out.force_delete[:5]),
+            )
+            self.kube.delete_pods(namespace, out.force_delete, out.delete_uids, force=True)
         pods = [p for p in out.create_pods if p["metadata"]["name"] not in expect.created]
         if pods:  # the other children go with them (get-or-create); not again for cached pods
             uid = meta.get("uid")

@@ -179,20 +179,29 @@ class Kube:
             raise
 
     def delete_pods(
-        self, namespace: str, names: Iterable[str], uids: dict[str, str] | None = None
+        self,
+        namespace: str,
+        names: Iterable[str],
+        uids: dict[str, str] | None = None,
+        force: bool = False,
     ) -> None:
         """Delete with each pod's own grace period (the trainer checkpoints on SIGTERM), and
-        with its uid as a precondition, so only the very pod that was observed goes."""
+        with its uid as a precondition, so only the very pod that was observed goes. `force`:
+        no grace period (a pod on a lost node, whose kubelet cannot confirm the delete)."""
         uids = uids or {}
-        list(self.pool.map(lambda n: self._delete_pod(namespace, n, uids.get(n)), names))
+        list(self.pool.map(lambda n: self._delete_pod(namespace, n, uids.get(n), force), names))
 
-    def _delete_pod(self, namespace: str, name: str, uid: str | None) -> None:
-        self._delete(self.core.delete_namespaced_pod, namespace, name, uid)
+    def _delete_pod(self, namespace: str, name: str, uid: str | None, force: bool) -> None:
+        self._delete(self.core.delete_namespaced_pod, namespace, name, uid, force)
 
-    def _delete(self, method: Any, namespace: str, name: str, uid: str | None) -> None:
+    def _delete(
+        self, method: Any, namespace: str, name: str, uid: str | None, force: bool = False
+    ) -> None:
         """Delete one object; with a uid, only that object. 404 (gone) and 409 (the uid
         precondition failed: that object is gone, and another has the name) are done."""
-        body = {"preconditions": {"uid": uid}} if uid else None
+        body: dict[str, Any] | None = {"preconditions": {"uid": uid}} if uid else None
+        if force:
+            body = {**(body or {}), "gracePeriodSeconds": 0}
         try:
             call(method, name, namespace, body=body)
         except ApiException as exc:

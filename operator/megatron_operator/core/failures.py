@@ -25,6 +25,16 @@ class Nodes:
     lost_grace_seconds: float  # NotReady this long = the node is lost
 
 
+def node_lost(node: str | None, nodes: Nodes, now: datetime) -> bool:
+    """The node is gone, or NotReady for the whole grace: its kubelet will not act."""
+    if node is None:
+        return False
+    if nodes.known is not None and node not in nodes.known:
+        return True
+    since = nodes.not_ready.get(node)
+    return since is not None and now >= since + timedelta(seconds=nodes.lost_grace_seconds)
+
+
 def failed_reason(x: PodView) -> FailureReason:
     """Why a terminated (or deleted) pod stopped, from the platform's point of view."""
     if x.disruption == "PreemptionByScheduler":
@@ -52,7 +62,8 @@ def detail(x: PodView) -> str:
         parts.append(f"DisruptionTarget: {x.disruption}")
     if x.status_reason:
         parts.append(f"status reason {x.status_reason}")
-    return " ".join(parts)
+    text = " ".join(parts)
+    return f"{text}: {x.terminated_message}" if x.terminated_message else text
 
 
 def classify(x: PodView, nodes: Nodes, now: datetime) -> tuple[Failure | None, datetime | None]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from megatron_contract.paths import PROGRESS_ANNOTATION
+from megatron_contract.paths import PROGRESS_ANNOTATION, TERMINATION_MESSAGE_MAX
 from megatron_operator.core.names import (
     CONTAINER_NAME,
     LABEL_JOB_UID,
@@ -121,6 +121,7 @@ class PodView:
     uid: str | None = None  # deletes carry it as a precondition
     owner_uid: str | None = None  # uid of the controller ownerReference: whose pod it is
     ready: bool = False  # the Ready condition is True (Kueue's PodsReady counts these)
+    terminated_message: str | None = None  # the container's termination message (its why)
 
     @property
     def active(self) -> bool:
@@ -128,17 +129,25 @@ class PodView:
         return self.phase not in ("Succeeded", "Failed")
 
 
-def _trainer_state(status: dict[str, Any]) -> tuple[int | None, str | None]:
+def _trainer_state(status: dict[str, Any]) -> tuple[int | None, str | None, str | None]:
+    """Exit code, reason and message of the trainer container's termination."""
     for cs in status.get("containerStatuses") or []:
         if not isinstance(cs, dict) or cs.get("name") != CONTAINER_NAME:
             continue
-        term = (cs.get("state") or {}).get("terminated")
-        if isinstance(term, dict):
-            return _int(term.get("exitCode")), term.get("reason")
-        last = (cs.get("lastState") or {}).get("terminated")
-        if isinstance(last, dict):
-            return _int(last.get("exitCode")), last.get("reason")
-    return None, None
+        for state in (cs.get("state"), cs.get("lastState")):
+            term = (state or {}).get("terminated") if isinstance(state, dict) else None
+            if isinstance(term, dict):
+                return _int(term.get("exitCode")), term.get("reason"), _message(term)
+    return None, None, None
+
+
+def _message(term: dict[str, Any]) -> str | None:
+    """The termination message, trimmed to its last lines (a log tail can be 80 lines long)."""
+    text = term.get("message")
+    if not isinstance(text, str) or not text.strip():
+        return None
+    text = text.strip()[-TERMINATION_MESSAGE_MAX:]
+    return " | ".join(line.strip() for line in text.splitlines()[-3:] if line.strip())
 
 
 def _unschedulable(status: dict[str, Any]) -> str | None:
@@ -176,7 +185,7 @@ def pod_view(raw: dict[str, Any]) -> PodView:
     labels = meta.get("labels") or {}
     status = raw.get("status") or {}
     spec = raw.get("spec") or {}
-    exit_code, term_reason = _trainer_state(status)
+    exit_code, term_reason, term_message = _trainer_state(status)
     return PodView(
         name=str(meta.get("name", "")),
         job_uid=labels.get(LABEL_JOB_UID),
@@ -187,6 +196,7 @@ def pod_view(raw: dict[str, Any]) -> PodView:
         deleting=meta.get("deletionTimestamp") is not None,
         exit_code=exit_code,
         terminated_reason=term_reason,
+        terminated_message=term_message,
         status_reason=status.get("reason"),
         disruption=_disruption(status),
         unschedulable=_unschedulable(status),

@@ -34,7 +34,7 @@ from megatron_operator.api import FieldError, MegatronJob, MegatronJobSpec, Spec
 from megatron_operator.api.status import ConditionType, EventType, Phase, Reason
 from megatron_operator.api.transitions import check_update
 from megatron_operator.core.conditions import reason_of, set_condition
-from megatron_operator.core.failures import Nodes, classify
+from megatron_operator.core.failures import Nodes, classify, node_lost
 from megatron_operator.core.jobstatus import JobStatus
 from megatron_operator.core.names import pod_name
 from megatron_operator.core.observe import LeaseView, PodView, Progress, format_time, parse_time
@@ -98,6 +98,9 @@ class Outcome:
     events: list[Event] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
     delete_uids: dict[str, str] = field(default_factory=dict)  # pod name → uid (a precondition)
+    # Pods already being deleted on a lost node: only a delete with no grace period removes them
+    # (their kubelet is gone), and the next attempt waits for them.
+    force_delete: list[str] = field(default_factory=list)
     # Objects to create, in order: the job's other children (get-or-create), then its pods.
     create: list[Obj] = field(default_factory=list)
     delete_job: bool = False
@@ -165,11 +168,30 @@ class _Machine:
         self.out.events.append(Event(type_, reason, message))
 
     def delete(self, pods: list[PodView]) -> None:
+        """Delete with the pods' grace period. A pod whose delete cannot finish because its node
+        is lost (no kubelet to stop the container and confirm) is force-deleted, as `kubectl
+        delete --force` would: its process cannot save a checkpoint anyway, and a partitioned
+        one can no longer reach its peers, which this attempt's delete has stopped."""
         for p in pods:
-            if not p.deleting:
+            if p.deleting and not node_lost(p.node, self.nodes, self.now):
+                since = self.nodes.not_ready.get(p.node or "")
+                if since is not None:  # look again when the node counts as lost
+                    grace = timedelta(seconds=self.nodes.lost_grace_seconds)
+                    self.deadlines.append(since + grace)
+                continue
+            if p.deleting:
+                if p.name in self.out.force_delete:
+                    continue
+                self.out.force_delete.append(p.name)
+                self.event(
+                    EventType.WARNING,
+                    Reason.FORCE_DELETED,
+                    f"pod {p.name} on lost node {p.node}: deleted without a grace period",
+                )
+            else:
                 self.out.delete_pods.append(p.name)
-                if p.uid:
-                    self.out.delete_uids[p.name] = p.uid
+            if p.uid:
+                self.out.delete_uids[p.name] = p.uid
 
     def mine(self, p: PodView) -> bool:
         """Controlled by this job: the controller ownerReference names its uid. Without a uid

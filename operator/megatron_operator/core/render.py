@@ -298,6 +298,9 @@ def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
         "image": s.image,
         "imagePullPolicy": s.image_pull_policy,
         "command": ["python", "-m", "megatron_trainer"],
+        # The trainer writes why it stopped to the termination log; a crash that writes nothing
+        # leaves the log's tail there instead, so status.lastFailure always says something.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "env": _env(job, plan, node_rank, attempt),
         "ports": [{"name": "rendezvous", "containerPort": DEFAULT_MASTER_PORT}],
         "resources": _resources(job, plan),
