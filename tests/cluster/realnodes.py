@@ -441,6 +441,7 @@ def start(
     state: Path,
     count: int,
     k8s: str,
+    kubelet: str,
     coredns: str,
     apiserver_port: int,
     images: dict[str, Any],
@@ -509,8 +510,7 @@ def start(
             in_netns(
                 n.netns,
                 [
-                    k8s,
-                    "kubelet",
+                    kubelet,
                     f"--config={kubelet_config(n, pki)}",
                     f"--kubeconfig={kubeconfig}",
                     f"--root-dir={n.root / 'kubelet' / 'root'}",

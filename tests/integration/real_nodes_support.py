@@ -8,6 +8,7 @@ imagePullPolicy IfNotPresent and no registry.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -20,6 +21,10 @@ import pytest
 from .conftest import Cluster, build_paths, start_cluster
 
 REAL_LABEL = "megatron.dev/test-node"
+# Real nodes are opt-in: they need root, containerd, runc, buildah, debootstrap and the CNI
+# plugins (Debian packages), about 40 GB of disk and ~25 min, and the cold build of their
+# images and binaries does not fit CI's budget yet (docs/e2e.md says why, with the figures).
+REAL_NODES_ENV = "MEGATRON_REAL_NODES"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
@@ -60,6 +65,11 @@ class RealCluster(Cluster):
 def real_cluster_with(real_nodes: int) -> Iterator[RealCluster]:
     """A cluster of 1 kwok node and `real_nodes` real ones, with a short node-monitor grace
     period (so a killed node is NotReady in ~15 s); downed at the end."""
+    if os.environ.get(REAL_NODES_ENV) != "1":
+        pytest.skip(
+            f"real nodes are opt-in: {REAL_NODES_ENV}=1 (root, containerd, buildah, ~40 GB of "
+            "disk, ~25 min); not in CI yet, see docs/e2e.md"
+        )
     build_paths()
     state = Path(tempfile.mkdtemp(prefix="megatron-real-"))
     c = start_cluster(

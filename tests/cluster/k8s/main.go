@@ -1,5 +1,5 @@
 // Command k8s is a hyperkube-style multi-call binary for the local test control plane:
-// kube-apiserver, kube-scheduler, kube-controller-manager, kubelet, kubectl and etcd, all built
+// kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and etcd, all built
 // from the k8s.io/kubernetes module graph pinned in ../go.mod, plus two helpers of our own:
 // gen-pki (certificates) and netns-forward (TCP forwarders listening inside network namespaces).
 //
@@ -8,7 +8,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -27,7 +26,6 @@ import (
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
-	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 
 	"go.etcd.io/etcd/server/v3/etcdmain"
 )
@@ -48,9 +46,6 @@ var commands = map[string]func() int{
 			kubectlutil.CheckErr(err)
 		}
 		return 0
-	},
-	"kubelet": func() int {
-		return runCobra(func() *cobra.Command { return kubelet.NewKubeletCommand(context.Background()) })
 	},
 	"gen-pki":       genPKICommand,
 	"netns-forward": netnsForwardCommand,
