@@ -432,8 +432,9 @@ def test_bad_config_fails_with_the_trainers_exit_code_and_message(operator: Real
 def test_node_loss_restarts_on_the_remaining_nodes_with_the_same_curve(
     operator: RealCluster, tmp_path: Path
 ) -> None:
-    """kill-node on a node running a rank (never the operator's): after the node-lost grace the
-    gang restarts on the other two real nodes; the stranded pod is force-deleted."""
+    """kill-node on a node running a rank (never the operator's): the gang restarts; the pod
+    stranded on the dead node is force-deleted once the node counts as lost (its kubelet will
+    never confirm the delete), and the next attempt runs on the other two real nodes."""
     c = operator
     ns = new_ns(c, "lost")
     s = spec(c.image("trainer"))
@@ -450,7 +451,9 @@ def test_node_loss_restarts_on_the_remaining_nodes_with_the_same_curve(
         done = wait_phase(c, ns, "lost", {"Succeeded", "Failed"}, 900)
         assert done["phase"] == "Succeeded", done
         assert done["restarts"] == 1, done
-        assert done["lastFailure"]["reason"] == "NodeLost", done["lastFailure"]
+        # The rank on the surviving node usually sees its peer's connection drop, and exits 1,
+        # before the node is even NotReady: the failure the operator sees first is that exit.
+        assert done["lastFailure"]["reason"] in ("NodeLost", "Error"), done["lastFailure"]
         again = pods_of(c, ns, "lost", 1)
         assert {p["spec"]["nodeName"] for p in again}.isdisjoint({victim})
         events = c.kubectl(
