@@ -307,15 +307,24 @@ def pods_of(c: RealCluster, ns: str, name: str, attempt: int | None = None) -> l
     return items
 
 
+def checkpoint_dir_on_host(c: RealCluster, ns: str, job: str) -> Path:
+    """The job's checkpoint directory as this machine sees it: the created claim is bound to one
+    of the driver's static hostPath PVs (class shared-hostpath)."""
+    pvc = c.kubectl_json("get", "pvc", "-n", ns, f"{job}-checkpoints")
+    pv = c.kubectl_json("get", "pv", pvc["spec"]["volumeName"])
+    return Path(pv["spec"]["hostPath"]["path"]) / job
+
+
 def test_main_scenario_sigkill_gang_restart_exact_resume(
     operator: RealCluster, tmp_path: Path
 ) -> None:
     """kubectl apply → pods Running on two real nodes → progress through rank 0's own identity →
     SIGKILL one rank's container → one gang restart → resume from the newest complete checkpoint
-    → Succeeded, restarts 1, the same losses as `mjob run --local`."""
+    → Succeeded, restarts 1, the same losses as `mjob run --local` → TTL-deleted, its
+    checkpoint claim and the checkpoints on it kept."""
     c = operator
     ns = new_ns(c, "main")
-    s = spec(c.image("trainer"))
+    s = spec(c.image("trainer"), ttlSecondsAfterFinished=15)
     c.apply(job_doc("tiny", s), ns)
     logs = Rank0Logs(c, ns, "tiny")
     try:
@@ -341,6 +350,19 @@ def test_main_scenario_sigkill_gang_restart_exact_resume(
         killed_at = max(r["iteration"] for r in logs.records if r.get("attempt") == 0)
     finally:
         logs.close()
+    # The TTL deletes the job; its created claim is kept (retention Retain), and so are the
+    # checkpoints on it: the newest complete one is the last iteration.
+    c.wait(
+        lambda: c.kubectl("get", "mj", "-n", ns, "tiny", check=False).returncode != 0,
+        120,
+        1.0,
+        "the TTL to delete the job",
+    )
+    pvc = c.kubectl_json("get", "pvc", "-n", ns, "tiny-checkpoints")
+    assert pvc["status"]["phase"] == "Bound" and not pvc["metadata"].get("deletionTimestamp")
+    kept = checkpoint_dir_on_host(c, ns, "tiny")
+    assert (kept / "latest_checkpointed_iteration.txt").read_text().strip() == "30"
+    assert (kept / "iter_0000030" / "metadata.json").is_file()
     local = local_losses(tmp_path, "tiny", s)
     worst = assert_same_curve(logs.losses, local, 30)
     print(
@@ -349,14 +371,6 @@ def test_main_scenario_sigkill_gang_restart_exact_resume(
         f"{logs.losses[30]:.6f}, worst relative difference to local {worst:.1e}"
     )
     c.kubectl("delete", "namespace", ns, "--wait=false")
-
-
-def checkpoint_dir_on_host(c: RealCluster, ns: str, job: str) -> Path:
-    """The job's checkpoint directory as this machine sees it: the created claim is bound to one
-    of the driver's static hostPath PVs (class shared-hostpath)."""
-    pvc = c.kubectl_json("get", "pvc", "-n", ns, f"{job}-checkpoints")
-    pv = c.kubectl_json("get", "pv", pvc["spec"]["volumeName"])
-    return Path(pv["spec"]["hostPath"]["path"]) / job
 
 
 def test_suspend_checkpoints_within_the_grace_period_and_resumes_there(
