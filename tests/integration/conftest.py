@@ -294,9 +294,9 @@ class Cluster:
         self._down = True
 
 
-def start_cluster(state_dir: Path, args: Sequence[str]) -> Cluster:
+def start_cluster(state_dir: Path, args: Sequence[str], timeout: float = 600) -> Cluster:
     """`cluster up`; on failure the driver has already stopped what it started."""
-    out = run_driver("up", "--state", str(state_dir), *args, timeout=600)
+    out = run_driver("up", "--state", str(state_dir), *args, timeout=timeout)
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(r"KUBECONFIG=\S+", last), f"unexpected last line of `cluster up`: {last!r}"
     info = json.loads((state_dir / "cluster.json").read_text())

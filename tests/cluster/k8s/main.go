@@ -1,6 +1,7 @@
 // Command k8s is a hyperkube-style multi-call binary for the local test control plane:
-// kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and etcd, all built from
-// the k8s.io/kubernetes module graph pinned in ../go.mod.
+// kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and etcd, all built
+// from the k8s.io/kubernetes module graph pinned in ../go.mod, plus two helpers of our own:
+// gen-pki (certificates) and netns-forward (TCP forwarders listening inside network namespaces).
 //
 // The component is chosen by the name the binary is invoked as (a symlink such as
 // "kubectl"), or else by the first argument: `k8s kube-apiserver --flags...`.
@@ -46,7 +47,8 @@ var commands = map[string]func() int{
 		}
 		return 0
 	},
-	"gen-pki": genPKICommand,
+	"gen-pki":       genPKICommand,
+	"netns-forward": netnsForwardCommand,
 	"etcd": func() int {
 		etcdmain.Main(os.Args)
 		return 0

@@ -1,0 +1,483 @@
+"""The whole job for real: the chart's operator pod, trainer pods on real kubelets, a shared
+checkpoint volume, gang restart and exact resume (issue 11's acceptance).
+
+One cluster for the module: 1 kwok node and 3 real nodes (the third is the spare capacity for
+the node-loss test). The operator is installed with `helm install` from charts/megatron-operator
+with the image `cluster images` built from Dockerfile.operator, pinned to real-node-0 so that
+losing another node never takes the operator with it. Every job runs the trainer image built
+from Dockerfile.trainer (CPU torch, gloo) on the real nodes only.
+
+Losses are compared with `mjob run --local` of the same spec, step by step. The cluster's come
+from rank 0's `MEGATRON_PROGRESS` lines, followed live with `kubectl logs -f`: a restart deletes
+the old attempt's pods, and their logs with them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .real_nodes_support import REAL_LABEL, RealCluster, real_cluster_with
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "megatron-operator"
+OPERATOR_NS = "megatron-system"
+OPERATOR_NODE = "real-node-0"
+PROGRESS = "MEGATRON_PROGRESS "
+JOB_LABEL = "megatron.dev/job-name"
+RANK_LABEL = "megatron.dev/node-rank"
+ATTEMPT_LABEL = "megatron.dev/restart-attempt"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def e2e() -> Iterator[RealCluster]:
+    yield from real_cluster_with(3)
+
+
+@pytest.fixture(scope="module")
+def operator(e2e: RealCluster) -> Iterator[RealCluster]:
+    """`helm install` of the chart with the locally built operator image."""
+    c = e2e
+    repo, tag = c.image("operator").rsplit(":", 1)
+    c.kubectl("create", "namespace", OPERATOR_NS)
+    c.helm(
+        "install",
+        "mo",
+        str(CHART),
+        "-n",
+        OPERATOR_NS,
+        "--set",
+        f"image.repository={repo}",
+        "--set",
+        f"image.tag={tag}",
+        "--set-string",
+        f"nodeSelector.kubernetes\\.io/hostname={OPERATOR_NODE}",
+        "--set",
+        "resources.requests.cpu=100m",
+        "--set",
+        "nodeLostGraceSeconds=10",
+        "--wait",
+        "--timeout",
+        "300s",
+        timeout=330,
+    )
+    try:
+        yield c
+    finally:
+        logs = c.kubectl(
+            "logs",
+            "-n",
+            OPERATOR_NS,
+            "-l",
+            "app.kubernetes.io/name=megatron-operator",
+            "--tail",
+            "200",
+            check=False,
+        )
+        print("--- operator log (tail)\n" + logs.stdout + logs.stderr, file=sys.stderr)
+
+
+def spec(trainer_image: str, **changes: Any) -> dict[str, Any]:
+    """A 2-node CPU job: 2 gloo ranks a pod, PP=2 across the pods, DP=2 inside each."""
+    s: dict[str, Any] = {
+        "image": trainer_image,
+        "imagePullPolicy": "IfNotPresent",
+        "model": {"recipe": "gpt-tiny"},
+        "parallelism": {"pipeline": 2},
+        "training": {
+            "globalBatchSize": 8,
+            "microBatchSize": 2,
+            "trainIters": 30,
+            "lr": 0.001,
+            "minLr": 0.0001,
+            "warmupIters": 5,
+            "precision": "fp32",
+            "logInterval": 1,
+        },
+        "data": {"mock": True},
+        "resources": {
+            "nodes": 2,
+            "procsPerNode": 2,
+            "accelerator": "none",
+            "requests": {"cpu": "500m", "memory": "2Gi"},
+            "shmSize": "512Mi",
+            "nodeSelector": {REAL_LABEL: "real"},
+        },
+        "checkpoint": {
+            "volume": {
+                "create": {
+                    "storageClassName": "shared-hostpath",
+                    "size": "1Gi",
+                    "accessModes": ["ReadWriteMany"],
+                }
+            },
+            "saveInterval": 5,
+            "keep": 0,
+            "gracePeriodSeconds": 60,
+        },
+        "restartPolicy": {
+            "maxRestarts": 3,
+            "backoffSeconds": 1,
+            "maxBackoffSeconds": 5,
+            "hangTimeoutSeconds": 600,
+        },
+    }
+    for path, value in changes.items():
+        node = s
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return s
+
+
+def job_doc(name: str, s: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "megatron.dev/v1alpha1",
+        "kind": "MegatronJob",
+        "metadata": {"name": name},
+        "spec": s,
+    }
+
+
+def new_ns(c: RealCluster, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    c.kubectl("create", "namespace", name)
+    return name
+
+
+class Rank0Logs:
+    """Follows rank 0's log of every attempt (`kubectl logs -f`), keeping its progress records:
+    iteration → loss (a step recomputed after a resume replaces the earlier value), and every
+    line, for the assertions on what the trainer said."""
+
+    def __init__(self, c: RealCluster, ns: str, job: str) -> None:
+        self.c, self.ns, self.job = c, ns, job
+        self.losses: dict[int, float] = {}
+        self.records: list[dict[str, Any]] = []
+        self.lines: list[str] = []
+        self.followed: set[str] = set()
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.stop.is_set():
+            proc = self.c.kubectl(
+                "get",
+                "pods",
+                "-n",
+                self.ns,
+                "-l",
+                f"{JOB_LABEL}={self.job},{RANK_LABEL}=0",
+                "-o",
+                "json",
+                check=False,
+            )
+            if proc.returncode == 0:
+                for pod in json.loads(proc.stdout)["items"]:
+                    name = pod["metadata"]["name"]
+                    started = any(
+                        "running" in (cs.get("state") or {})
+                        or "terminated" in (cs.get("state") or {})
+                        for cs in pod.get("status", {}).get("containerStatuses") or []
+                    )
+                    if started and name not in self.followed:
+                        self.followed.add(name)
+                        threading.Thread(target=self._follow, args=(name,), daemon=True).start()
+            time.sleep(0.5)
+
+    def _follow(self, pod: str) -> None:
+        argv = [str(self.c.kubectl_path), "logs", "-f", "-n", self.ns, pod]
+        with subprocess.Popen(
+            argv, env=self.c.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        ) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                with self.lock:
+                    self.lines.append(f"{pod}: {line.rstrip()}")
+                    if line.startswith(PROGRESS):
+                        rec = json.loads(line[len(PROGRESS) :])
+                        self.records.append(rec)
+                        if isinstance(rec.get("loss"), (int, float)):
+                            self.losses[int(rec["iteration"])] = float(rec["loss"])
+
+    def iteration(self) -> int:
+        with self.lock:
+            return max(self.losses, default=0)
+
+    def text(self) -> str:
+        with self.lock:
+            return "\n".join(self.lines)
+
+    def close(self) -> None:
+        self.stop.set()
+
+
+def local_losses(tmp: Path, name: str, s: dict[str, Any]) -> dict[int, float]:
+    """`mjob run --local` of the same spec: the reference curve."""
+    local = copy.deepcopy(s)
+    local["resources"].pop("nodeSelector", None)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(job_doc(name, local)))
+    workdir = tmp / f"{name}-local"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megatron_operator.cli.main",
+            "run",
+            str(path),
+            "--local",
+            "--workdir",
+            str(workdir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((workdir / "summary.json").read_text())
+    return {int(i): float(v) for i, v in summary["losses"]}
+
+
+def assert_same_curve(cluster: dict[int, float], local: dict[int, float], iters: int) -> float:
+    """Every step's loss within 1e-6 relative of the local run's; returns the worst ratio."""
+    assert sorted(local) == list(range(1, iters + 1))
+    assert sorted(cluster) == list(range(1, iters + 1)), sorted(cluster)
+    worst = max(abs(cluster[i] - local[i]) / abs(local[i]) for i in local)
+    assert worst <= 1e-6, {i: (cluster[i], local[i]) for i in local if cluster[i] != local[i]}
+    return worst
+
+
+def job_status(c: RealCluster, ns: str, name: str) -> dict[str, Any]:
+    doc = c.kubectl_json("get", "mj", "-n", ns, name)
+    status: dict[str, Any] = doc.get("status") or {}
+    return status
+
+
+def wait_phase(
+    c: RealCluster, ns: str, name: str, phases: set[str], timeout: float
+) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        st = job_status(c, ns, name)
+        return st if st.get("phase") in phases else None
+
+    result: dict[str, Any] = c.wait(ready, timeout, 1.0, f"{ns}/{name} phase in {phases}")
+    return result
+
+
+def wait_iteration(
+    c: RealCluster, ns: str, name: str, at_least: int, timeout: float
+) -> dict[str, Any]:
+    """Progress as the operator shows it: rank 0 reported it through the job's Lease."""
+
+    def reached() -> dict[str, Any] | None:
+        st = job_status(c, ns, name)
+        it = (st.get("progress") or {}).get("iteration") or 0
+        if st.get("phase") in ("Failed", "Succeeded"):
+            raise AssertionError(f"{name} ended early: {st}")
+        return st if it >= at_least else None
+
+    result: dict[str, Any] = c.wait(reached, timeout, 1.0, f"{ns}/{name} at iteration {at_least}")
+    return result
+
+
+def pods_of(c: RealCluster, ns: str, name: str, attempt: int | None = None) -> list[dict[str, Any]]:
+    selector = f"{JOB_LABEL}={name}"
+    if attempt is not None:
+        selector += f",{ATTEMPT_LABEL}={attempt}"
+    items: list[dict[str, Any]] = c.kubectl_json("get", "pods", "-n", ns, "-l", selector)["items"]
+    return items
+
+
+def checkpoint_dir_on_host(c: RealCluster, ns: str, job: str) -> Path:
+    """The job's checkpoint directory as this machine sees it: the created claim is bound to one
+    of the driver's static hostPath PVs (class shared-hostpath)."""
+    pvc = c.kubectl_json("get", "pvc", "-n", ns, f"{job}-checkpoints")
+    pv = c.kubectl_json("get", "pv", pvc["spec"]["volumeName"])
+    return Path(pv["spec"]["hostPath"]["path"]) / job
+
+
+def test_main_scenario_sigkill_gang_restart_exact_resume(
+    operator: RealCluster, tmp_path: Path
+) -> None:
+    """kubectl apply → pods Running on two real nodes → progress through rank 0's own identity →
+    SIGKILL one rank's container → one gang restart → resume from the newest complete checkpoint
+    → Succeeded, restarts 1, the same losses as `mjob run --local` → TTL-deleted, its
+    checkpoint claim and the checkpoints on it kept."""
+    c = operator
+    ns = new_ns(c, "main")
+    s = spec(c.image("trainer"), ttlSecondsAfterFinished=15)
+    c.apply(job_doc("tiny", s), ns)
+    logs = Rank0Logs(c, ns, "tiny")
+    try:
+        wait_phase(c, ns, "tiny", {"Running"}, 300)
+        pods = pods_of(c, ns, "tiny", 0)
+        assert len(pods) == 2
+        nodes = {p["spec"]["nodeName"] for p in pods}
+        assert len(nodes) == 2 and all(n.startswith("real-node-") for n in nodes)
+        st = wait_iteration(c, ns, "tiny", 8, 300)
+        assert st["progress"]["iteration"] >= 8
+        printed = c.kubectl("get", "mj", "-n", ns, "tiny").stdout
+        assert "tiny" in printed and "Running" in printed
+        victim = next(p for p in pods if p["metadata"]["labels"][RANK_LABEL] == "1")
+        out = c.kill_container(ns, victim["metadata"]["name"], "KILL")
+        assert out["signal"] == "SIGKILL"
+        done = wait_phase(c, ns, "tiny", {"Succeeded", "Failed"}, 900)
+        assert done["phase"] == "Succeeded", done
+        assert done["restarts"] == 1, done
+        assert done["lastFailure"]["exitCode"] == 137, done["lastFailure"]
+        # The second attempt resumed from a checkpoint, not from iteration 0.
+        resumed = [r for r in logs.records if r.get("attempt") == 1]
+        assert resumed and min(r["iteration"] for r in resumed) > 1, logs.text()[-3000:]
+        killed_at = max(r["iteration"] for r in logs.records if r.get("attempt") == 0)
+    finally:
+        logs.close()
+    # The TTL deletes the job; its created claim is kept (retention Retain), and so are the
+    # checkpoints on it: the newest complete one is the last iteration.
+    c.wait(
+        lambda: c.kubectl("get", "mj", "-n", ns, "tiny", check=False).returncode != 0,
+        120,
+        1.0,
+        "the TTL to delete the job",
+    )
+    pvc = c.kubectl_json("get", "pvc", "-n", ns, "tiny-checkpoints")
+    assert pvc["status"]["phase"] == "Bound" and not pvc["metadata"].get("deletionTimestamp")
+    kept = checkpoint_dir_on_host(c, ns, "tiny")
+    assert (kept / "latest_checkpointed_iteration.txt").read_text().strip() == "30"
+    assert (kept / "iter_0000030" / "metadata.json").is_file()
+    local = local_losses(tmp_path, "tiny", s)
+    worst = assert_same_curve(logs.losses, local, 30)
+    print(
+        f"main scenario: nodes {sorted(nodes)}, killed after iteration {killed_at}, attempt 1 "
+        f"from iteration {min(r['iteration'] for r in resumed)}, final loss "
+        f"{logs.losses[30]:.6f}, worst relative difference to local {worst:.1e}"
+    )
+    c.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_suspend_checkpoints_within_the_grace_period_and_resumes_there(
+    operator: RealCluster, tmp_path: Path
+) -> None:
+    c = operator
+    ns = new_ns(c, "pause")
+    # No periodic checkpoint: the only one is what SIGTERM makes the trainer write.
+    s = spec(c.image("trainer"), **{"training.trainIters": 40, "checkpoint.saveInterval": 1000})
+    c.apply(job_doc("pause", s), ns)
+    logs = Rank0Logs(c, ns, "pause")
+    try:
+        wait_phase(c, ns, "pause", {"Running"}, 300)
+        # Rank 0's log, not the status: the Lease is written at most every 10 s, and this small
+        # model trains a step in well under a second.
+        c.wait(lambda: logs.iteration() >= 6, 300, 0.2, "iteration 6 in rank 0's log")
+        c.kubectl(
+            "patch", "mj", "-n", ns, "pause", "--type=merge", "-p", '{"spec":{"suspend":true}}'
+        )
+        wait_phase(c, ns, "pause", {"Suspended"}, 120)
+        c.wait(lambda: not pods_of(c, ns, "pause"), 120, 1.0, "the suspended job's pods to go")
+        tracker = checkpoint_dir_on_host(c, ns, "pause") / "latest_checkpointed_iteration.txt"
+        saved = int(tracker.read_text().strip())
+        assert 6 <= saved < 40
+        assert f"SIGTERM: saved iteration {saved}; exiting with 143" in logs.text()
+        c.kubectl(
+            "patch", "mj", "-n", ns, "pause", "--type=merge", "-p", '{"spec":{"suspend":false}}'
+        )
+        done = wait_phase(c, ns, "pause", {"Succeeded", "Failed"}, 900)
+        assert done["phase"] == "Succeeded", done
+        assert f"RESUME: loading checkpoint iteration {saved}" in logs.text()
+        resumed = [r for r in logs.records if r.get("attempt") == 1]
+        assert min(r["iteration"] for r in resumed) == saved + 1, logs.text()[-3000:]
+    finally:
+        logs.close()
+    worst = assert_same_curve(logs.losses, local_losses(tmp_path, "pause", s), 40)
+    print(f"suspend: saved at iteration {saved} on SIGTERM, resumed there; worst {worst:.1e}")
+    c.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_bad_config_fails_with_the_trainers_exit_code_and_message(operator: RealCluster) -> None:
+    """The trainer refuses a checkpoint directory it cannot write (a claim whose root is not
+    writable by uid 1000): the job fails at once, with exit code 78 and the trainer's words."""
+    c = operator
+    ns = new_ns(c, "bad")
+    c.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "root-only"},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "standard",  # hostPath provisioner: a root-owned 0750 dir
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+        ns,
+    )
+    s = spec(c.image("trainer"))
+    s["checkpoint"]["volume"] = {"claimName": "root-only"}
+    c.apply(job_doc("bad", s), ns)
+    done = wait_phase(c, ns, "bad", {"Failed", "Succeeded"}, 300)
+    assert done["phase"] == "Failed", done
+    failure = done["lastFailure"]
+    assert failure["exitCode"] == 78, failure
+    assert failure["action"] == "Fail", failure
+    assert "checkpoint.dir: cannot write to /mnt/checkpoints/bad" in failure["message"], failure
+    assert done.get("restarts", 0) == 0
+    print(f"bad config: {failure['message']}")
+    c.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_node_loss_restarts_on_the_remaining_nodes_with_the_same_curve(
+    operator: RealCluster, tmp_path: Path
+) -> None:
+    """kill-node on a node running a rank (never the operator's): the gang restarts; the pod
+    stranded on the dead node is force-deleted once the node counts as lost (its kubelet will
+    never confirm the delete), and the next attempt runs on the other two real nodes."""
+    c = operator
+    ns = new_ns(c, "lost")
+    s = spec(c.image("trainer"))
+    # The operator's node keeps a rank only if it must: the lost node must not be the operator's.
+    s["resources"]["nodeSelector"] = {REAL_LABEL: "real"}
+    c.apply(job_doc("lost", s), ns)
+    logs = Rank0Logs(c, ns, "lost")
+    try:
+        wait_phase(c, ns, "lost", {"Running"}, 300)
+        wait_iteration(c, ns, "lost", 8, 300)
+        pods = pods_of(c, ns, "lost", 0)
+        victim = next(p["spec"]["nodeName"] for p in pods if p["spec"]["nodeName"] != OPERATOR_NODE)
+        c.kill_node(victim, timeout=120)
+        done = wait_phase(c, ns, "lost", {"Succeeded", "Failed"}, 900)
+        assert done["phase"] == "Succeeded", done
+        assert done["restarts"] == 1, done
+        # The rank on the surviving node usually sees its peer's connection drop, and exits 1,
+        # before the node is even NotReady: the failure the operator sees first is that exit.
+        assert done["lastFailure"]["reason"] in ("NodeLost", "Error"), done["lastFailure"]
+        again = pods_of(c, ns, "lost", 1)
+        assert {p["spec"]["nodeName"] for p in again}.isdisjoint({victim})
+        events = c.kubectl(
+            "get", "events", "-n", ns, "--field-selector", "reason=ForceDeleted"
+        ).stdout
+        assert victim in events
+    finally:
+        logs.close()
+    worst = assert_same_curve(logs.losses, local_losses(tmp_path, "lost", s), 30)
+    print(
+        f"node loss: {victim} killed, restarted on {sorted(p['spec']['nodeName'] for p in again)}"
+    )
+    print(f"node loss: worst relative difference to local {worst:.1e}")
