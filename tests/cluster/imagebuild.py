@@ -92,6 +92,8 @@ class Buildah:
 
     def __init__(self, root: Path) -> None:
         self.driver = os.environ.get("MEGATRON_BUILDAH_DRIVER", "overlay")
+        if self.driver not in ("overlay", "vfs"):
+            die(f"MEGATRON_BUILDAH_DRIVER must be overlay or vfs, not {self.driver!r}")
         self.root = root / self.driver
 
     def argv(self, *args: str) -> list[str]:
