@@ -35,69 +35,52 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// listenIn opens a TCP listener inside the network namespace at nsPath.
-func listenIn(nsPath, addr string) (net.Listener, error) {
+// inNetns runs open on this goroutine's thread switched into the network namespace at nsPath,
+// then switches the thread back: the socket that open makes stays in that namespace. A thread
+// that could not be switched back is not reused; it dies with this goroutine.
+func inNetns[T io.Closer](nsPath string, open func() (T, error)) (T, error) {
+	var none T
 	runtime.LockOSThread()
 	restored := false
 	defer func() {
-		// A thread left in the other namespace must die with this goroutine, not be reused.
 		if restored {
 			runtime.UnlockOSThread()
 		}
 	}()
 	orig, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
-		return nil, err
+		return none, err
 	}
 	defer orig.Close()
 	target, err := os.Open(nsPath)
 	if err != nil {
-		return nil, err
+		return none, err
 	}
 	defer target.Close()
 	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		return nil, fmt.Errorf("setns %s: %w", nsPath, err)
+		return none, fmt.Errorf("setns %s: %w", nsPath, err)
 	}
-	listener, listenErr := net.Listen("tcp", addr)
+	sock, openErr := open()
 	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		return nil, fmt.Errorf("setns back from %s: %w", nsPath, err)
+		if openErr == nil {
+			sock.Close()
+		}
+		return none, fmt.Errorf("setns back from %s: %w", nsPath, err)
 	}
 	restored = true
-	return listener, listenErr
+	return sock, openErr
 }
 
-// dialIn connects to addr from inside the network namespace at nsPath: the socket is created
-// on a thread switched into that namespace, and stays there.
+// listenIn opens a TCP listener inside the network namespace at nsPath.
+func listenIn(nsPath, addr string) (net.Listener, error) {
+	return inNetns(nsPath, func() (net.Listener, error) { return net.Listen("tcp", addr) })
+}
+
+// dialIn connects to addr from inside the network namespace at nsPath.
 func dialIn(nsPath, addr string) (net.Conn, error) {
-	runtime.LockOSThread()
-	restored := false
-	defer func() {
-		if restored {
-			runtime.UnlockOSThread()
-		}
-	}()
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		return nil, err
-	}
-	defer orig.Close()
-	target, err := os.Open(nsPath)
-	if err != nil {
-		return nil, err
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		return nil, fmt.Errorf("setns %s: %w", nsPath, err)
-	}
-	conn, dialErr := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		if conn != nil {
-			conn.Close()
-		}
-		return nil, fmt.Errorf("setns back from %s: %w", nsPath, err)
-	}
-	restored = true
-	return conn, dialErr
+	return inNetns(nsPath, func() (net.Conn, error) {
+		return net.DialTimeout("tcp", addr, 5*time.Second)
+	})
 }
 
 // serveConnect is the API server's egress for "cluster" traffic (kubelets: logs, exec,
