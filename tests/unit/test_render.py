@@ -138,6 +138,22 @@ def test_pvc_only_when_created_and_service_is_headless() -> None:
     assert svc["spec"]["publishNotReadyAddresses"] is True
 
 
+def test_service_selects_exactly_the_pod_behind_master_addr() -> None:
+    # One endpoint per job, not one per pod: a 1,024-pod gang restart then rewrites one
+    # Endpoints entry instead of ~1,000 addresses across a dozen EndpointSlices.
+    job = job_of({"resources.nodes": 4}, name="dns", namespace="team")
+    objs = render(job, plan(job.spec), attempt=2)
+    svc = next(o for o in objs if o["kind"] == "Service")
+    selector = svc["spec"]["selector"]
+    selected = [p for p in _pods(objs) if selector.items() <= p["metadata"]["labels"].items()]
+    assert len(selected) == 1
+    rank0 = selected[0]
+    env = {e["name"]: e.get("value") for e in rank0["spec"]["containers"][0]["env"]}
+    host, subdomain, namespace, _ = env["MASTER_ADDR"].split(".")
+    assert (host, subdomain) == (rank0["spec"]["hostname"], rank0["spec"]["subdomain"])
+    assert (subdomain, namespace) == (svc["metadata"]["name"], svc["metadata"]["namespace"])
+
+
 def test_trainer_role_allows_writing_only_its_progress_lease() -> None:
     job = _with_uid(job_of({"resources.nodes": 3, "training.globalBatchSize": 48}))
     objs = render(job, plan(job.spec))

@@ -4,7 +4,7 @@ Each restart attempt's pods are distinct objects (`<job>-a<attempt>-<node rank>`
 delete of attempt N can never hit attempt N+1's pod of the same rank (deletes also carry the pod's
 uid as a precondition). The pod's `spec.hostname` is the stable `<job>-<node rank>` and its
 `spec.subdomain` the headless Service, so the DNS name behind MASTER_ADDR is the same on every
-attempt.
+attempt. The Service selects node rank 0 only: no other rank is dialled by name.
 """
 
 from __future__ import annotations

@@ -73,8 +73,13 @@ def _meta(job: MegatronJob, name: str, labels: dict[str, str] | None = None) -> 
 
 
 def service(job: MegatronJob) -> Obj:
-    """Headless Service giving each pod a stable DNS name (publishNotReadyAddresses, so the
-    rendezvous works before readiness)."""
+    """Headless Service publishing rank 0's DNS name, the MASTER_ADDR every rank dials
+    (publishNotReadyAddresses, so the rendezvous works before readiness).
+
+    It selects node-rank 0 only: nothing dials the other ranks by name (gloo and NCCL swap
+    IPs through the store), and selecting every pod made each pod change of a 1,024-pod gang
+    restart rewrite the Endpoints and a dozen EndpointSlices, slowing the whole control plane
+    (docs/benchmarks.md)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -82,7 +87,7 @@ def service(job: MegatronJob) -> Obj:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {LABEL_JOB_NAME: job.name},
+            "selector": {LABEL_JOB_NAME: job.name, LABEL_NODE_RANK: "0"},
             "ports": [
                 {
                     "name": "rendezvous",
