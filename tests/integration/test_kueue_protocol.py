@@ -368,7 +368,13 @@ def test_second_job_waits_for_quota_until_the_first_finishes(
     assert done.reason == "Succeeded"
     second_admitted = wait_phase(cluster, custom, ns, wl_second, WorkloadPhase.ADMITTED)
     assert second_admitted.flavors == (queue.flavor,)
-    assert cq_status(cluster, queue.cluster_queue).get("admittedWorkloads") == 1
+    # Kueue writes the ClusterQueue's counters a moment after the Workload's own condition, so
+    # the count is awaited, not read once (CI saw 0 here on a loaded machine).
+    cluster.wait(
+        lambda: cq_status(cluster, queue.cluster_queue).get("admittedWorkloads") == 1,
+        timeout=30,
+        what="one admitted Workload in the ClusterQueue",
+    )
 
 
 def test_deactivation_evicts_and_the_reset_releases_the_quota(
