@@ -273,6 +273,16 @@ def cq_status(cluster: Cluster, name: str) -> dict[str, Any]:
     return dict(cluster.kubectl_json("get", "clusterqueue", name).get("status") or {})
 
 
+def wait_cq_count(cluster: Cluster, q: Queue, counter: str, want: int) -> None:
+    """The ClusterQueue's `counter` reaches `want`. Kueue writes its counters a moment after the
+    Workload's own conditions, so they are awaited, never read once (CI once read 0 here)."""
+    cluster.wait(
+        lambda: cq_status(cluster, q.cluster_queue).get(counter) == want,
+        timeout=30,
+        what=f"{counter} == {want} in {q.cluster_queue}",
+    )
+
+
 def wait_gpus_reserved(cluster: Cluster, q: Queue, want: str) -> None:
     """The ClusterQueue's status (written by Kueue a moment after admission) shows `want`."""
     cluster.wait(
@@ -368,13 +378,7 @@ def test_second_job_waits_for_quota_until_the_first_finishes(
     assert done.reason == "Succeeded"
     second_admitted = wait_phase(cluster, custom, ns, wl_second, WorkloadPhase.ADMITTED)
     assert second_admitted.flavors == (queue.flavor,)
-    # Kueue writes the ClusterQueue's counters a moment after the Workload's own condition, so
-    # the count is awaited, not read once (CI saw 0 here on a loaded machine).
-    cluster.wait(
-        lambda: cq_status(cluster, queue.cluster_queue).get("admittedWorkloads") == 1,
-        timeout=30,
-        what="one admitted Workload in the ClusterQueue",
-    )
+    wait_cq_count(cluster, queue, "admittedWorkloads", 1)
 
 
 def test_deactivation_evicts_and_the_reset_releases_the_quota(
@@ -430,11 +434,7 @@ def test_deactivation_evicts_and_the_reset_releases_the_quota(
         "NoReservation",
     )
     # Only the waiting job holds quota now.
-    cluster.wait(
-        lambda: cq_status(cluster, queue.cluster_queue).get("reservingWorkloads") == 1,
-        timeout=30,
-        what="one reserving Workload",
-    )
+    wait_cq_count(cluster, queue, "reservingWorkloads", 1)
     wait_gpus_reserved(cluster, queue, "16")
 
 

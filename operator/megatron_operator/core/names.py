@@ -21,6 +21,10 @@ MANAGED_BY: Final = "megatron-operator"
 ANNOTATION_LAYOUT: Final = f"{DOMAIN}/layout"
 FINALIZER: Final = f"{DOMAIN}/cleanup"
 
+# The node whose pod hosts the rendezvous store: MASTER_ADDR names it, and the headless Service
+# selects it alone.
+MASTER_NODE_RANK: Final = 0
+
 CONTAINER_NAME: Final = "trainer"
 SPEC_KEY: Final = "spec.json"  # in the ConfigMap: the spec the current attempt runs
 
@@ -65,4 +69,4 @@ def progress_lease_name(job: str) -> str:
 
 def master_addr(job: str, namespace: str) -> str:
     """Stable DNS name of node 0's pod through the headless Service."""
-    return f"{hostname(job, 0)}.{service_name(job)}.{namespace}.svc"
+    return f"{hostname(job, MASTER_NODE_RANK)}.{service_name(job)}.{namespace}.svc"

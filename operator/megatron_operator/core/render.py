@@ -25,6 +25,7 @@ from megatron_operator.core.names import (
     LABEL_NODE_RANK,
     LABEL_RESTART_ATTEMPT,
     MANAGED_BY,
+    MASTER_NODE_RANK,
     SPEC_KEY,
     config_map_name,
     hostname,
@@ -87,7 +88,7 @@ def service(job: MegatronJob) -> Obj:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {LABEL_JOB_NAME: job.name, LABEL_NODE_RANK: "0"},
+            "selector": {LABEL_JOB_NAME: job.name, LABEL_NODE_RANK: str(MASTER_NODE_RANK)},
             "ports": [
                 {
                     "name": "rendezvous",
