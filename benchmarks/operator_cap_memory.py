@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "tests" / "cluster" / "cluster"
 sys.path.insert(0, str(REPO / "operator"))
 
-from megatron_operator.api.base import MAX_NODES  # noqa: E402
+from megatron_contract.bounds import MAX_NODES  # noqa: E402
 
 
 class Operator:

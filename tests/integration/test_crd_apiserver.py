@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from megatron_contract.bounds import (
+    MAX_NODES,
+)
 from megatron_operator.api import load_job, parse_yaml
-from megatron_operator.api.base import MAX_NODES
 from tests.unit.adversarial import CASES as ADVERSARIAL
 from tests.unit.adversarial import Case, _file
 from tests.unit.specs import spec_of

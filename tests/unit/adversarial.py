@@ -14,7 +14,9 @@ from typing import Any
 
 import yaml
 
-from megatron_operator.api.base import MAX_NODES
+from megatron_contract.bounds import (
+    MAX_NODES,
+)
 
 from .specs import job_doc, spec_of
 

@@ -19,26 +19,9 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-# Bounds. They reach the CRD schema through the models (and CEL for the cross-field ones), so
-# the apiserver and `mjob validate` refuse the same specs. They keep every derived quantity
-# (pods rendered, datetime arithmetic, divisor hints, memory maths) small and finite.
-INT64_MAX: Final = 2**63 - 1
-MAX_NODES: Final = 4096  # pods of one job; the chart may lower it
-MAX_PROCS_PER_NODE: Final = 256  # ranks per pod (GPUs, or CPU processes)
-MAX_WORLD_SIZE: Final = 65536  # nodes × procsPerNode
-MAX_DURATION_SECONDS: Final = 30 * 24 * 3600  # every *Seconds field: 30 days
-MAX_ITERATIONS: Final = 10**9  # trainIters and every step count
-MAX_LAYERS: Final = 1024
-MAX_HIDDEN: Final = 2**20  # hiddenSize, ffnHiddenSize and the per-head dimensions
-MAX_HEADS: Final = 4096  # attention heads, query groups
-MAX_VOCAB: Final = 2**24
-MAX_SEQUENCE: Final = 2**24  # seqLength, maxPositionEmbeddings
-MAX_EXPERTS: Final = 4096
-MAX_BATCH: Final = 2**24  # globalBatchSize, microBatchSize
-MAX_SEED: Final = 2**32 - 1  # numpy's seed range
-MAX_RESTARTS: Final = 10000
-MAX_GPU_MEMORY_GIB: Final = 4096.0
-MAX_LR: Final = 10.0
+from megatron_contract.bounds import MAX_DURATION_SECONDS, MAX_WORLD_SIZE
+
+# Bounds on the document itself, which only the loader reads.
 MAX_DEPTH: Final = 64  # nesting of a MegatronJob document (the schema needs about 8)
 MAX_DOCUMENT_BYTES: Final = 3 * 1024 * 1024  # the apiserver's request size limit
 

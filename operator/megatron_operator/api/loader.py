@@ -13,11 +13,14 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from megatron_contract.bounds import (
+    INT64_MAX,
+)
+
 from .base import (
     DNS1123_LABEL_PATTERN,
     DNS1123_SUBDOMAIN_PATTERN,
     ENV_NAME_PATTERN,
-    INT64_MAX,
     LABEL_VALUE_PATTERN,
     MAX_DEPTH,
     MAX_DOCUMENT_BYTES,

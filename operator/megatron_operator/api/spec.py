@@ -12,9 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from megatron_contract import choices
-from megatron_contract.recipes import RECIPE_NAMES
-
-from .base import (
+from megatron_contract.bounds import (
     MAX_BATCH,
     MAX_DURATION_SECONDS,
     MAX_EXPERTS,
@@ -31,6 +29,10 @@ from .base import (
     MAX_SEQUENCE,
     MAX_VOCAB,
     MAX_WORLD_SIZE,
+)
+from megatron_contract.recipes import RECIPE_NAMES
+
+from .base import (
     ApiModel,
     AutoOrPositiveInt,
     DnsSubdomain,
