@@ -21,8 +21,9 @@ from .adversarial import CASES, Case, _file
 from .celcheck import check_spec
 from .specs import spec_of
 
-# Measured at well under 0.5 s a case (docs in the report); the bound only catches a hang or
-# an accidentally quadratic path, on a machine shared with compilers.
+# Measured at 0.15 s for the slowest case (benchmarks/adversarial_specs.py, docs/benchmarks.md);
+# the bound only catches a hang or an accidentally quadratic path, on a machine shared with
+# compilers.
 SECONDS_PER_CASE = 10.0
 
 
