@@ -15,7 +15,6 @@ import io
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,9 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from megatron_operator.cli.main import main  # noqa: E402
-from tests.unit.adversarial import CASES  # noqa: E402
+from tests.unit.adversarial import CASES, WORST_YAML, validate_in_new_process  # noqa: E402
 
-WORST = ("deep nesting in a known field", "billion laughs", "duplicate key lr", "lr .nan")
 GOAL_SECONDS = 2.0
 
 
@@ -41,14 +39,8 @@ def _in_process(path: Path) -> tuple[int, float]:
 
 def _process(path: Path) -> tuple[int, float]:
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "megatron_operator.cli", "validate", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    return proc.returncode, time.perf_counter() - start
+    code = validate_in_new_process(path).returncode
+    return code, time.perf_counter() - start
 
 
 def run(repeat: int) -> int:
@@ -75,7 +67,7 @@ def run(repeat: int) -> int:
             f"{len(CASES)} cases in process: median {statistics.median(times.values()):.3f} s, "
             f"slowest " + ", ".join(f"{k!r} {v:.3f} s" for k, v in slowest)
         )
-        for case in (c for c in CASES if c.id in WORST):
+        for case in (c for c in CASES if c.id in WORST_YAML):
             path = Path(tmp) / "job.yaml"
             path.write_text(case.text, encoding="utf-8")
             code, seconds = _process(path)

@@ -10,9 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from megatron_contract.bounds import (
-    MAX_NODES,
-)
+from megatron_contract.bounds import MAX_NODES
 from megatron_operator.api import load_job, parse_yaml
 from tests.unit.adversarial import CASES as ADVERSARIAL
 from tests.unit.adversarial import Case, _file

@@ -9,14 +9,15 @@ the problem is in the YAML itself (duplicate keys, nesting, aliases).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from megatron_contract.bounds import (
-    MAX_NODES,
-)
+from megatron_contract.bounds import MAX_NODES
 
 from .specs import job_doc, spec_of
 
@@ -27,6 +28,24 @@ class Case:
     text: str  # the whole file
     field: str  # the path the error message must name
     apiserver_fragment: str = ""  # text the apiserver's message must hold, when it matters
+
+
+# The cases hardest on the YAML reader, also run through the installed entry point as a fresh
+# process (the test and benchmarks/adversarial_specs.py).
+WORST_YAML: frozenset[str] = frozenset(
+    {"deep nesting in a known field", "billion laughs", "duplicate key lr", "lr .nan"}
+)
+
+
+def validate_in_new_process(path: Path) -> subprocess.CompletedProcess[str]:
+    """`mjob validate PATH` as a fresh Python process (interpreter start and imports included)."""
+    return subprocess.run(
+        [sys.executable, "-m", "megatron_operator.cli", "validate", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def _file(changes: dict[str, Any], **meta: Any) -> str:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from megatron_contract.bounds import (
-    MAX_WORLD_SIZE,
-)
+from megatron_contract.bounds import MAX_WORLD_SIZE
 from megatron_contract.env import RESERVED as RESERVED_ENV
 from megatron_contract.recipes import RECIPES
 

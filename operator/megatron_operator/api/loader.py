@@ -13,9 +13,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from megatron_contract.bounds import (
-    INT64_MAX,
-)
+from megatron_contract.bounds import INT64_MAX
 
 from .base import (
     DNS1123_LABEL_PATTERN,
