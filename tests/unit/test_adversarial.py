@@ -50,7 +50,9 @@ def test_validate_refuses_with_the_field(
 
 def test_a_real_process_prints_no_traceback(tmp_path: Path) -> None:
     # In-process main() above; here the installed entry point, for the worst YAML cases.
-    for case in (c for c in CASES if c.id in WORST_YAML):
+    picked = [c for c in CASES if c.id in WORST_YAML]
+    assert {c.id for c in picked} == WORST_YAML, "a WORST_YAML id names no case"
+    for case in picked:
         path = tmp_path / "job.yaml"
         path.write_text(case.text, encoding="utf-8")
         proc = validate_in_new_process(path)
