@@ -28,3 +28,4 @@ MAX_SEED: Final = 2**32 - 1  # numpy's seed range
 MAX_RESTARTS: Final = 10000
 MAX_GPU_MEMORY_GIB: Final = 4096.0
 MAX_LR: Final = 10.0
+MAX_KEPT_ATTEMPTS: Final = 10  # restartPolicy.keepFailedPods: failed attempts whose pod is kept

@@ -229,7 +229,18 @@ class ProfilingConfig:
 
 
 @dataclass(frozen=True)
+class CommandConfig:
+    """spec.trainer: the command every rank runs instead of the built-in worker, before the
+    launcher expands $(VAR) in it from the rank's env."""
+
+    command: tuple[str, ...]
+    args: tuple[str, ...]  # may be empty
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
+    """The built-in trainer's config: every section present, `trainer` null."""
+
     job: JobInfo
     model: ModelConfig
     parallelism: ParallelismConfig
@@ -239,6 +250,7 @@ class TrainerConfig:
     resources: ResourcesConfig
     progress: ProgressConfig
     profiling: ProfilingConfig | None
+    trainer: CommandConfig | None
 
     @property
     def platform(self) -> str:
@@ -254,6 +266,32 @@ class TrainerConfig:
         """The "model" section as JSON, for checkpoint fingerprints."""
         body: dict[str, Any] = to_json(self.model)
         return body
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """The same document as the launcher reads it, whichever code the ranks run: with a
+    trainer.command, model, training and data are null unless the spec gave them (the command
+    may read them). The fields are TrainerConfig's (tests/contract checks it)."""
+
+    job: JobInfo
+    model: ModelConfig | None
+    parallelism: ParallelismConfig
+    training: TrainingConfig | None
+    data: DataConfig | None
+    checkpoint: CheckpointConfig
+    resources: ResourcesConfig
+    progress: ProgressConfig
+    profiling: ProfilingConfig | None
+    trainer: CommandConfig | None
+
+    @property
+    def platform(self) -> str:
+        return "cpu" if self.resources.accelerator == CPU else "cuda"
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.nodes * self.resources.procs_per_node
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,13 +330,13 @@ def to_json(obj: Any) -> Any:
     return obj
 
 
-def config_to_json(cfg: TrainerConfig) -> dict[str, Any]:
+def config_to_json(cfg: TrainerConfig | LaunchConfig) -> dict[str, Any]:
     """The whole document the trainer reads (apiVersion and kind first)."""
     body: dict[str, Any] = to_json(cfg)
     return {"apiVersion": API_VERSION, "kind": KIND, **body}
 
 
-def dumps(cfg: TrainerConfig) -> str:
+def dumps(cfg: TrainerConfig | LaunchConfig) -> str:
     return json.dumps(config_to_json(cfg), indent=2, sort_keys=True) + "\n"
 
 
@@ -436,19 +474,18 @@ def _expected(tp: Any) -> str:
     return "a value"
 
 
-def _check_values(cfg: TrainerConfig, problems: list[str]) -> None:
+def _check_values(cfg: TrainerConfig | LaunchConfig, problems: list[str]) -> None:
     """Field checks that are about one value's form (not the layout: that is `rules`)."""
     if not os.path.isabs(cfg.checkpoint.dir):
         problems.append(f"checkpoint.dir: must be an absolute path, got {cfg.checkpoint.dir!r}")
-    parts = cfg.data.split.split(",")
+    split = cfg.data.split if cfg.data is not None else "100,0,0"
     try:
-        weights = [float(p) for p in parts]
+        weights = [float(p) for p in split.split(",")]
     except ValueError:
         weights = []
     if not (len(weights) == 3 and all(w >= 0 for w in weights) and weights[0] > 0):
         problems.append(
-            f"data.split: expected three comma-separated numbers like '100,0,0', got "
-            f"{cfg.data.split!r}"
+            f"data.split: expected three comma-separated numbers like '100,0,0', got {split!r}"
         )
     init = cfg.checkpoint.init
     if init is not None and (init.megatron is None) == (init.hugging_face is None):
@@ -461,19 +498,21 @@ def _check_values(cfg: TrainerConfig, problems: list[str]) -> None:
             problems.append(
                 f"checkpoint.init.{where}.path: must be an absolute path, got {source.path!r}"
             )
-    for i, entry in enumerate(cfg.data.blend or ()):
+    for i, entry in enumerate(cfg.data.blend or () if cfg.data is not None else ()):
         if entry.weight <= 0.0:
             problems.append(f"data.blend[{i}].weight: must be > 0, got {entry.weight}")
 
 
-def parse_config(data: Any) -> TrainerConfig:
-    """Parse the resolved config (decoded JSON). Raises ConfigError with every problem."""
+C = TypeVar("C", TrainerConfig, LaunchConfig)
+
+
+def _parse(cls: type[C], data: Any) -> C:
     reader = _Reader()
     if isinstance(data, dict):
         for key, want in (("apiVersion", API_VERSION), ("kind", KIND)):
             if data.get(key) != want:
                 reader.fail(key, f"expected {want!r}, got {_describe(data.get(key))}")
-    cfg = reader.read_object(TrainerConfig, data, "")
+    cfg = reader.read_object(cls, data, "")
     if cfg is not None:
         _check_values(cfg, reader.problems)
     if reader.problems or cfg is None:
@@ -481,8 +520,30 @@ def parse_config(data: Any) -> TrainerConfig:
     return cfg
 
 
-def load_config(path: str | os.PathLike[str]) -> TrainerConfig:
-    """Read and parse the resolved config file. Raises ConfigError naming the problem."""
+def parse_config(data: Any) -> TrainerConfig:
+    """Parse the built-in trainer's config (decoded JSON). Raises ConfigError with every
+    problem, one of them when the config is a trainer.command's (no model, training or data)."""
+    if isinstance(data, dict) and data.get("trainer") is not None:
+        raise ConfigError(
+            ["trainer: set (spec.trainer.command): the launcher runs that command, not the worker"]
+        )
+    return _parse(TrainerConfig, data)
+
+
+def parse_launch_config(data: Any) -> LaunchConfig:
+    """Parse the config as the launcher reads it (sections may be null with a trainer.command)."""
+    cfg = _parse(LaunchConfig, data)
+    if cfg.trainer is None:
+        missing = [k for k in ("model", "training", "data") if getattr(cfg, k) is None]
+        if missing:
+            raise ConfigError(
+                [f"{k}: required without trainer (the built-in trainer)" for k in missing]
+            )
+    return cfg
+
+
+def read_config(path: str | os.PathLike[str]) -> Any:
+    """Read the resolved config file's JSON. Raises ConfigError naming the problem."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -496,4 +557,14 @@ def load_config(path: str | os.PathLike[str]) -> TrainerConfig:
         raise ConfigError(
             [f"{p}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})"]
         ) from err
-    return parse_config(data)
+    return data
+
+
+def load_config(path: str | os.PathLike[str]) -> TrainerConfig:
+    """Read and parse the built-in trainer's config file. Raises ConfigError naming the problem."""
+    return parse_config(read_config(path))
+
+
+def load_launch_config(path: str | os.PathLike[str]) -> LaunchConfig:
+    """Read and parse the config file as the launcher reads it."""
+    return parse_launch_config(read_config(path))

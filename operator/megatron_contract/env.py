@@ -21,12 +21,34 @@ RESTART_ATTEMPT: Final = "MEGATRON_RESTART_ATTEMPT"
 # The job's progress Lease (coordination.k8s.io/v1) that rank 0 writes; unset outside a cluster.
 PROGRESS_LEASE: Final = "MEGATRON_PROGRESS_LEASE"
 PROGRESS_FILE: Final = "MEGATRON_PROGRESS_FILE"
+# The parallel layout, for a command's arguments (`--tensor-model-parallel-size $(MEGATRON_TP)`).
+TP: Final = "MEGATRON_TP"
+PP: Final = "MEGATRON_PP"
+VPP: Final = "MEGATRON_VPP"  # model chunks per pipeline rank; 1 when not interleaved
+CP: Final = "MEGATRON_CP"
+EP: Final = "MEGATRON_EP"
+ETP: Final = "MEGATRON_ETP"
+DP: Final = "MEGATRON_DP"
+SEQUENCE_PARALLEL: Final = "MEGATRON_SEQUENCE_PARALLEL"  # "1" or "0"
+CHECKPOINT_DIR: Final = "MEGATRON_CHECKPOINT_DIR"  # the job's directory on the checkpoint volume
+DATA_DIR: Final = "MEGATRON_DATA_DIR"  # where spec.data.volume is mounted (only then)
+INIT_DIR: Final = "MEGATRON_INIT_DIR"  # where spec.checkpoint.init.volume is mounted (only then)
 POD_NAME: Final = "POD_NAME"
 POD_NAMESPACE: Final = "POD_NAMESPACE"
 # Never set by the operator: `STEP[:RANK[:KILL|TERM]][,…]` for chaos tests (spec.env may set it).
 INJECT_FAILURE: Final = "MEGATRON_INJECT_FAILURE"
 # Never set by the operator: "<iteration>" makes that iteration's loss NaN on every rank (tests).
 INJECT_NAN_LOSS: Final = "MEGATRON_INJECT_NAN_LOSS"
+
+# Set by the launcher for each rank it starts (torchrun's names), not by the operator.
+RANK: Final = "RANK"
+LOCAL_RANK: Final = "LOCAL_RANK"
+LOCAL_WORLD_SIZE: Final = "LOCAL_WORLD_SIZE"
+GROUP_RANK: Final = "GROUP_RANK"
+LAUNCHER_PID: Final = "MEGATRON_LAUNCHER_PID"
+# A file a trainer.command appends `ITERATION [LOSS]` lines to (docs/bring-your-own-code.md):
+# the launcher on node 0 forwards them as progress, as the built-in trainer reports its own.
+PROGRESS_LOG: Final = "MEGATRON_PROGRESS_LOG"
 
 DEFAULT_MASTER_PORT: Final = 29500
 
@@ -46,8 +68,27 @@ RESERVED: Final = frozenset(
         PROGRESS_FILE,
         POD_NAME,
         POD_NAMESPACE,
+        TP,
+        PP,
+        VPP,
+        CP,
+        EP,
+        ETP,
+        DP,
+        SEQUENCE_PARALLEL,
+        CHECKPOINT_DIR,
+        DATA_DIR,
+        INIT_DIR,
     }
 )
+# What the launcher sets per rank: spec.env must not set these either (it would be overwritten).
+PER_RANK: Final = frozenset(
+    {RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, LAUNCHER_PID, PROGRESS_LOG}
+)
+# The env the operator and launcher own. spec.template's trainer env may not set these, nor any
+# other MEGATRON_ name (spec.env may set the test knobs below).
+OWNED: Final = RESERVED | PER_RANK
+OWNED_PREFIX: Final = "MEGATRON_"
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,17 @@ CONFIG_MOUNT: Final = "/etc/megatron"  # the ConfigMap's mount in the trainer co
 CONFIG_KEY: Final = "config.json"  # the resolved trainer config's key in that ConfigMap
 DEFAULT_CONFIG_PATH: Final = f"{CONFIG_MOUNT}/{CONFIG_KEY}"
 CHECKPOINT_MOUNT: Final = "/mnt/checkpoints"  # the checkpoint volume's mount
+SHM_MOUNT: Final = "/dev/shm"  # the memory-backed shared memory NCCL and data loaders use
+DATA_MOUNT: Final = "/mnt/data"  # spec.data.volume's mount (read-only unless the spec says not)
+INIT_MOUNT: Final = "/mnt/init"  # spec.checkpoint.init.volume's mount (always read-only)
+# The pod's parts the operator names: the trainer container, and the volumes behind the mounts
+# above. A job's spec.template may not redefine them (api/template.py).
+CONTAINER_NAME: Final = "trainer"
+VOLUME_CONFIG: Final = "config"
+VOLUME_CHECKPOINTS: Final = "checkpoints"
+VOLUME_SHM: Final = "dshm"
+VOLUME_DATA: Final = "megatron-data"
+VOLUME_INIT: Final = "megatron-init"
 # Where the trainer writes why it stopped; the kubelet copies it into the container's
 # terminated state (message), which the operator puts in status.lastFailure. Kubernetes' default
 # terminationMessagePath; pods also set FallbackToLogsOnError for crashes that write nothing.

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from megatron_contract.choices import CPU
 from megatron_contract.config import (
     DataConfig,
+    LaunchConfig,
     ModelConfig,
     ParallelismConfig,
     ProfilingConfig,
@@ -39,12 +40,14 @@ class Problem:
 
 @dataclass(frozen=True)
 class Layout:
-    """What the rules look at: the config without the job's identity and checkpoint plumbing."""
+    """What the rules look at: the config without the job's identity and checkpoint plumbing.
+    With a trainer.command, model, training and data may be absent: the rules about them are
+    then not checked (the arithmetic of the layout always is)."""
 
-    model: ModelConfig
+    model: ModelConfig | None
     parallelism: ParallelismConfig
-    training: TrainingConfig
-    data: DataConfig
+    training: TrainingConfig | None
+    data: DataConfig | None
     resources: ResourcesConfig
     profiling: ProfilingConfig | None
 
@@ -95,6 +98,13 @@ def _layout(lay: Layout) -> Iterator[Problem]:
 
 def _tensor(lay: Layout) -> Iterator[Problem]:
     m, tp, sp = lay.model, lay.parallelism.tensor, lay.parallelism.sequence_parallel
+    if sp and tp == 1:
+        yield Problem(
+            "parallelism.sequenceParallel",
+            "sequenceParallel needs parallelism.tensor > 1: set tensor ≥ 2 or turn it off",
+        )
+    if m is None:
+        return
     if m.num_attention_heads % tp:
         yield Problem(
             "parallelism.tensor",
@@ -124,11 +134,6 @@ def _tensor(lay: Layout) -> Iterator[Problem]:
             divisors_of=m.ffn_hidden_size,
             divisors_below=64,
         )
-    if sp and tp == 1:
-        yield Problem(
-            "parallelism.sequenceParallel",
-            "sequenceParallel needs parallelism.tensor > 1: set tensor ≥ 2 or turn it off",
-        )
     if m.moe is not None and tp > 1 and not sp:
         yield Problem(
             "parallelism.sequenceParallel",
@@ -139,7 +144,7 @@ def _tensor(lay: Layout) -> Iterator[Problem]:
 def _pipeline(lay: Layout) -> Iterator[Problem]:
     m, p = lay.model, lay.parallelism
     pp, vpp = p.pipeline, p.virtual_pipeline
-    if m.num_layers % pp:
+    if m is not None and m.num_layers % pp:
         yield Problem(
             "parallelism.pipeline",
             f"numLayers ({m.num_layers}) is not divisible by parallelism.pipeline ({pp})",
@@ -152,7 +157,7 @@ def _pipeline(lay: Layout) -> Iterator[Problem]:
             "parallelism.virtualPipeline",
             "virtualPipeline > 1 needs parallelism.pipeline > 1: remove it or raise pipeline",
         )
-    elif m.num_layers % (pp * vpp):
+    elif m is not None and m.num_layers % (pp * vpp):
         per_rank = m.num_layers // pp if m.num_layers % pp == 0 else None
         yield Problem(
             "parallelism.virtualPipeline",
@@ -166,9 +171,10 @@ def _experts(lay: Layout) -> Iterator[Problem]:
     m, p = lay.model, lay.parallelism
     ep, etp = p.expert, p.expert_tensor
     world = lay.resources.nodes * lay.resources.procs_per_node
-    if ep > 1 and m.moe is None:
+    moe = m.moe if m is not None else None
+    if ep > 1 and m is not None and moe is None:
         yield Problem("parallelism.expert", f"expert ({ep}) > 1 needs an MoE model (model.moe)")
-    if m.moe is not None:
+    if m is not None and m.moe is not None:
         n = m.moe.num_experts
         if n % ep:
             yield Problem(
@@ -194,7 +200,7 @@ def _experts(lay: Layout) -> Iterator[Problem]:
                 f"firstKDenseLayers ({m.moe.first_k_dense_layers}) must be below numLayers "
                 f"({m.num_layers}): an MoE model needs at least one MoE layer",
             )
-    if m.moe is None and ep == 1:
+    if moe is None and ep == 1:
         return  # a dense model's expert groups mirror its tensor groups: nothing more to check
     # With tensor × pipeline × context dividing the world, this is the same as "expertTensor ×
     # expert divides tensor × context × data", Megatron's other form of the rule.
@@ -214,6 +220,8 @@ def _experts(lay: Layout) -> Iterator[Problem]:
 
 def _sequence(lay: Layout) -> Iterator[Problem]:
     m, cp = lay.model, lay.parallelism.context
+    if m is None:
+        return
     if cp > 1 and m.seq_length % (2 * cp):
         yield Problem(
             "parallelism.context",
@@ -259,12 +267,12 @@ def _platform(lay: Layout) -> Iterator[Problem]:
             "sequence parallelism needs Transformer Engine, which the CPU platform does not have: "
             f"turn it off (MoE on CPU then needs tensor: 1) {cuda}",
         )
-    if t.precision != "fp32":
+    if t is not None and t.precision != "fp32":
         yield Problem(
             "training.precision",
             f"{t.precision} needs a GPU; with resources.accelerator: none use fp32",
         )
-    if m.moe is not None and m.moe.token_dispatcher != "allgather":
+    if m is not None and m.moe is not None and m.moe.token_dispatcher != "allgather":
         yield Problem(
             "model.moe.tokenDispatcher",
             f"the {m.moe.token_dispatcher} dispatcher is CUDA-only in Megatron-Core 0.16.1 (it "
@@ -274,6 +282,8 @@ def _platform(lay: Layout) -> Iterator[Problem]:
 
 def _batch(lay: Layout) -> Iterator[Problem]:
     t, p = lay.training, lay.parallelism
+    if t is None:
+        return
     unit = t.micro_batch_size * p.data
     if unit < 1:
         pass  # no data-parallel size: the layout rule reports why
@@ -308,6 +318,8 @@ def _batch(lay: Layout) -> Iterator[Problem]:
 
 def _data(lay: Layout) -> Iterator[Problem]:
     d = lay.data
+    if d is None:
+        return
     if d.mock == (d.blend is not None):
         yield Problem("data", "set exactly one of data.mock: true or data.blend")
     if d.blend is not None and d.tokenizer is None:
@@ -321,7 +333,7 @@ def _profiling(lay: Layout) -> Iterator[Problem]:
     world = lay.resources.nodes * lay.resources.procs_per_node
     if prof.start_step > prof.end_step:
         yield Problem("profiling.endStep", "endStep must not be before startStep")
-    if prof.start_step > lay.training.train_iters:
+    if lay.training is not None and prof.start_step > lay.training.train_iters:
         yield Problem(
             "profiling.startStep",
             f"startStep ({prof.start_step}) is after training.trainIters "
@@ -340,7 +352,7 @@ def check(layout: Layout) -> list[Problem]:
     return [problem for rule in RULES for problem in rule(layout)]
 
 
-def check_config(cfg: TrainerConfig) -> list[Problem]:
+def check_config(cfg: TrainerConfig | LaunchConfig) -> list[Problem]:
     return check(
         Layout(cfg.model, cfg.parallelism, cfg.training, cfg.data, cfg.resources, cfg.profiling)
     )

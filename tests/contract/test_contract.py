@@ -78,7 +78,7 @@ def test_rendered_pods_parse_and_validate_in_the_trainer(path: Path, tmp_path: P
             assert p.coord(rt.global_rank(local)).node == rt.node_rank
         validate(cfg, rt, check_paths=False)  # raises ConfigError with every problem
     assert cfg.parallelism.data == p.degrees.dp
-    assert cfg.model.padded_vocab_size == p.padded_vocab_size
+    assert p.model is not None and cfg.model.padded_vocab_size == p.model.padded_vocab_size
 
 
 def test_exit_codes_mean_to_the_operator_what_the_trainer_means() -> None:
@@ -116,7 +116,21 @@ def test_the_renderer_sets_exactly_the_reserved_env() -> None:
     pod = next(o for o in render(job, plan(job.spec)) if o["kind"] == "Pod")
     names = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     assert names <= RESERVED_ENV
-    assert RESERVED_ENV - names == {"MEGATRON_PROGRESS_FILE"}  # set only by mjob run --local
+    # PROGRESS_FILE is set only by mjob run --local; the data and init directories only with
+    # their volumes.
+    assert RESERVED_ENV - names == {
+        "MEGATRON_PROGRESS_FILE",
+        "MEGATRON_DATA_DIR",
+        "MEGATRON_INIT_DIR",
+    }
+    volumes = load_file(
+        ROOT / "examples" / "cpu-tiny.yaml",
+        ["data.volume.claimName=data", "checkpoint.init.volume.claimName=weights",
+         "checkpoint.init.huggingFace.path=/mnt/init/llama"],
+    )
+    with_volumes = next(o for o in render(volumes, plan(volumes.spec)) if o["kind"] == "Pod")
+    names = {e["name"] for e in with_volumes["spec"]["containers"][0]["env"]}
+    assert RESERVED_ENV - names == {"MEGATRON_PROGRESS_FILE"}
 
 
 def test_keep_zero_means_keep_all_on_both_sides(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ unknown fields rejected, and strict types (a string "3" is not an integer, as in
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     AfterValidator,
@@ -20,6 +20,8 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from megatron_contract.bounds import MAX_DURATION_SECONDS, MAX_WORLD_SIZE
+
+GROUP: Final = "megatron.dev"  # the API group, and the prefix of the operator's labels
 
 # Bounds on the document itself, which only the loader reads.
 MAX_DEPTH: Final = 64  # nesting of a MegatronJob document (the schema needs about 8)
@@ -212,3 +214,21 @@ def one_of(values: tuple[str, ...]) -> BeforeValidator:
 def enum_schema(values: tuple[str, ...]) -> WithJsonSchema:
     """The CRD schema of a `one_of` string: an enum the apiserver enforces."""
     return WithJsonSchema({"type": "string", "enum": list(values)})
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration, copied to every pod."""
+
+    key: TolerationKey | None = Field(
+        None, description="Taint key; empty matches all keys with Exists."
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal.")
+    value: LabelValue | None = Field(None, description="Taint value for Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; empty matches all."
+    )
+    toleration_seconds: Seconds | None = Field(
+        None,
+        description="For NoExecute: how long to stay bound. At most "
+        f"{MAX_DURATION_SECONDS} s ({MAX_DURATION_SECONDS // 86400} days).",
+    )

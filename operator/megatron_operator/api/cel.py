@@ -12,13 +12,31 @@ from __future__ import annotations
 from typing import Any, Final
 
 from megatron_contract.bounds import MAX_WORLD_SIZE
-from megatron_contract.env import RESERVED as RESERVED_ENV
+from megatron_contract.env import OWNED as OWNED_ENV
+from megatron_contract.env import OWNED_PREFIX as OWNED_ENV_PREFIX
+from megatron_contract.paths import INIT_MOUNT
 from megatron_contract.recipes import RECIPES
 
 from .base import (
     PARENT_SEGMENT_PATTERN,
     QUALIFIED_NAME_PATTERN,
     QUALIFIED_PREFIX_PATTERN,
+)
+from .spec import FABRIC_RESOURCES
+from .template import (
+    GPU_RESOURCES,
+    GPU_WHY,
+    OWNED_ANNOTATION_PREFIXES,
+    OWNED_ENV_WHY,
+    OWNED_LABEL_PREFIXES,
+    OWNED_MOUNT_PATHS,
+    OWNED_MOUNT_WHY,
+    OWNED_POD_FIELDS,
+    OWNED_VOLUMES,
+    TRAINER_ALLOWED,
+    TRAINER_CONTAINER,
+    Container,
+    container_field_why,
 )
 from .transitions import NEVER, WHILE_SUSPENDED
 
@@ -63,7 +81,8 @@ def moe_field(name: str, fallback: str) -> str:
 
 
 def present(name: str) -> str:
-    return f"(has({M}.{name}) || has({M}.recipe))"
+    """model.<name> has a value (given or from the recipe); false without a spec.model."""
+    return f"(has({S}.model) && (has({M}.{name}) || has({M}.recipe)))"
 
 
 HEADS = model_field("numAttentionHeads", "1")
@@ -77,10 +96,12 @@ EXPERTS = moe_field("numExperts", "0")
 TOPK = moe_field("routerTopK", "0")
 MOE_FFN = moe_field("ffnHiddenSize", FFN)
 FIRST_DENSE = moe_field("firstKDenseLayers", "0")
-IS_MOE = f"(has({M}.moe) || {EXPERTS} > 0)"
+HAS_MODEL = f"has({S}.model)"
+HAS_TRAINING = f"has({S}.training)"
+IS_MOE = f"({HAS_MODEL} && (has({M}.moe) || {EXPERTS} > 0))"
 DISPATCHER = moe_field("tokenDispatcher", "'alltoall'")
 POSITION = model_field("positionEmbedding", "'rope'")
-IS_MLA = f"(has({M}.mla) || (has({M}.recipe) && {_recipe_lookup({r: _lit('mla' in v) for r, v in RECIPES.items()})}))"
+IS_MLA = f"({HAS_MODEL} && (has({M}.mla) || (has({M}.recipe) && {_recipe_lookup({r: _lit('mla' in v) for r, v in RECIPES.items()})})))"
 KV_EXPLICIT = f"(has({M}.kvChannels) || {model_field('kvChannels', '0')} > 0)"
 
 TP, PP, CP, EP = f"{P}.tensor", f"{P}.pipeline", f"{P}.context", f"{P}.expert"
@@ -90,6 +111,17 @@ MP = f"({TP} * {PP} * {CP})"
 MP_OK = f"({WORLD} % {MP} == 0)"
 DP = f"({WORLD} / {MP})"
 GPU = f"({R}.accelerator != 'none')"
+NET_RESOURCE = (
+    f"(has({R}.network.resourceName) ? {R}.network.resourceName : "
+    f"{{{', '.join(f'{_lit(k)}: {_lit(v)}' for k, v in FABRIC_RESOURCES.items())}}}"
+    f"[{R}.network.fabric])"
+)
+_I = f"{S}.checkpoint.init"
+INIT_PATH = (
+    f"(has({_I}.megatron) ? {_I}.megatron.path : "
+    f"(has({_I}.huggingFace) ? {_I}.huggingFace.path : {_lit(INIT_MOUNT)}))"
+)
+MOCK = f"(has({S}.data.mock) && {S}.data.mock)"
 NOT_INTERLEAVED = f"(!has({P}.virtualPipeline) || {P}.virtualPipeline == 1)"
 
 
@@ -116,12 +148,23 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
     # --- required model fields when there is no recipe
     *[
         rule(
-            present(f),
+            f"!{HAS_MODEL} || has({M}.{f}) || has({M}.recipe)",
             f"model.{f} is required when model.recipe is not set: set it or choose a recipe",
             f".model.{f}",
             "FieldValueRequired",
         )
         for f in ("numLayers", "hiddenSize", "numAttentionHeads", "vocabSize", "seqLength")
+    ],
+    # --- the built-in trainer needs a model, training settings and data (trainer.command not)
+    *[
+        rule(
+            f"has({S}.trainer) || has({S}.{f})",
+            f"{f} is required: the built-in trainer needs it (or set trainer.command to run "
+            "your own code)",
+            f".{f}",
+            "FieldValueRequired",
+        )
+        for f in ("model", "training", "data")
     ],
     # --- world, TP-in-node, data
     rule(
@@ -192,7 +235,7 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
     ),
     # --- experts
     rule(
-        f"{EP} == 1 || {IS_MOE}",
+        f"!{HAS_MODEL} || {EP} == 1 || {IS_MOE}",
         "parallelism.expert > 1 needs an MoE model (model.moe)",
         ".parallelism.expert",
     ),
@@ -217,7 +260,7 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".model.moe.firstKDenseLayers",
     ),
     rule(
-        f"!{IS_MOE} || {WORLD} % ({ETP} * {EP} * {PP}) == 0",
+        f"(!{IS_MOE} && {EP} == 1) || {WORLD} % ({ETP} * {EP} * {PP}) == 0",
         "expertTensor × expert × pipeline must divide the world size (nodes × procsPerNode)",
         ".parallelism.expert",
     ),
@@ -250,7 +293,7 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".parallelism.expert",
     ),
     rule(
-        f"{GPU} || !has({T}.precision) || {T}.precision == 'fp32'",
+        f"{GPU} || !{HAS_TRAINING} || !has({T}.precision) || {T}.precision == 'fp32'",
         "with resources.accelerator: none use training.precision: fp32",
         ".training.precision",
     ),
@@ -271,20 +314,20 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
     ),
     # --- batch and schedule
     rule(
-        f"!{MP_OK} || {T}.globalBatchSize % ({T}.microBatchSize * {DP}) == 0",
+        f"!{HAS_TRAINING} || !{MP_OK} || {T}.globalBatchSize % ({T}.microBatchSize * {DP}) == 0",
         "training.globalBatchSize must be a multiple of microBatchSize × data",
         ".training.globalBatchSize",
     ),
     rule(
-        f"{NOT_INTERLEAVED} || {PP} == 1 || !{MP_OK} || "
+        f"!{HAS_TRAINING} || {NOT_INTERLEAVED} || {PP} == 1 || !{MP_OK} || "
         f"{T}.globalBatchSize % ({T}.microBatchSize * {DP}) != 0 || "
         f"({T}.globalBatchSize / ({T}.microBatchSize * {DP})) % {PP} == 0",
         "the interleaved schedule needs the number of microbatches to be a multiple of pipeline",
         ".training.globalBatchSize",
     ),
-    rule(f"{T}.minLr <= {T}.lr", "minLr exceeds lr", ".training.minLr"),
+    rule(f"!{HAS_TRAINING} || {T}.minLr <= {T}.lr", "minLr exceeds lr", ".training.minLr"),
     rule(
-        f"{T}.warmupIters < {T}.trainIters",
+        f"!{HAS_TRAINING} || {T}.warmupIters < {T}.trainIters",
         "warmupIters must be below trainIters",
         ".training.warmupIters",
     ),
@@ -294,7 +337,7 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".profiling.endStep",
     ),
     rule(
-        f"!has({S}.profiling) || {S}.profiling.startStep <= {T}.trainIters",
+        f"!has({S}.profiling) || !{HAS_TRAINING} || {S}.profiling.startStep <= {T}.trainIters",
         "profiling.startStep is after training.trainIters",
         ".profiling.startStep",
     ),
@@ -306,12 +349,13 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
     ),
     # --- objects
     rule(
-        f"(has({S}.data.mock) && {S}.data.mock) != has({S}.data.blend)",
-        "set exactly one of data.mock: true or data.blend",
+        f"!has({S}.data) || ({MOCK} != has({S}.data.blend)) || "
+        f"(has({S}.trainer) && !{MOCK} && !has({S}.data.blend))",
+        "set exactly one of data.mock: true or data.blend (with trainer.command: at most one)",
         ".data",
     ),
     rule(
-        f"!has({S}.data.blend) || has({S}.data.tokenizer)",
+        f"!has({S}.data) || !has({S}.data.blend) || has({S}.data.tokenizer)",
         "data.blend needs data.tokenizer.path",
         ".data.tokenizer",
     ),
@@ -351,6 +395,30 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         f"!{GPU} || !has({R}.limits) || !({R}.accelerator in {R}.limits)",
         "the GPU limit is set from procsPerNode: remove it from resources.limits",
         ".resources.limits",
+    ),
+    # --- the network fabric's devices are set from resources.network
+    rule(
+        f"!has({R}.network) || {R}.network.fabric != 'none' || !has({R}.network.resourceName)",
+        "resources.network.resourceName needs a fabric: set resources.network.fabric",
+        ".resources.network.resourceName",
+    ),
+    *[
+        rule(
+            f"!has({R}.network) || {R}.network.fabric == 'none' || !has({R}.{kind}) || "
+            f"!({NET_RESOURCE} in {R}.{kind})",
+            f"the network devices are set from resources.network.devices: remove them from "
+            f"resources.{kind}",
+            f".resources.{kind}",
+        )
+        for kind in ("requests", "limits")
+    ],
+    # --- where the weights to start from are
+    rule(
+        f"!has({S}.checkpoint.init) || !has({S}.checkpoint.init.volume) || "
+        f"({INIT_PATH} + '/').startsWith({_lit(INIT_MOUNT + '/')})",
+        f"with checkpoint.init.volume, the path to start from must be under {INIT_MOUNT}, "
+        "where that volume is mounted",
+        ".checkpoint.init",
     ),
 ]
 
@@ -413,25 +481,153 @@ NODE_RULES: Final[dict[str, list[dict[str, str]]]] = {
     },
     "spec.env[]": [
         rule(
-            "!(self.name in [" + ", ".join(_lit(n) for n in sorted(RESERVED_ENV)) + "])",
+            "!(self.name in [" + ", ".join(_lit(n) for n in sorted(OWNED_ENV)) + "])",
             "this name is set by the operator (MASTER_ADDR, WORLD_SIZE, …): remove it from spec.env",
             ".name",
         )
     ],
 }
 
+
+def _list(values: Any) -> str:
+    return "[" + ", ".join(_lit(v) for v in values) + "]"
+
+
+def _label_keys(prefixes: tuple[str, ...], what: str) -> list[dict[str, str]]:
+    refused = " || ".join(f"k.startsWith({_lit(p)})" for p in prefixes)
+    return [
+        rule(
+            f"self.all(k, k.matches({_lit(QUALIFIED_NAME_PATTERN)}) && "
+            f"k.matches({_lit(QUALIFIED_PREFIX_PATTERN)}))",
+            f"every {what} key must be a qualified name: an optional DNS prefix and '/', then "
+            "at most 63 letters, digits, '-', '_' or '.'",
+        ),
+        rule(
+            f"!self.exists(k, {refused})",
+            f"{' and '.join(prefixes)} {what} keys are set by the operator",
+        ),
+    ]
+
+
+_TRAINER = f"self.name != {_lit(TRAINER_CONTAINER)}"
+_CONTAINER_FIELDS = [
+    f.alias or n for n, f in Container.model_fields.items() if (f.alias or n) not in TRAINER_ALLOWED
+]
+_OWNED_MOUNT = (
+    f"m.name in {_list(OWNED_VOLUMES)} || "
+    f"{_list(OWNED_MOUNT_PATHS)}.exists(p, (m.mountPath + '/').startsWith(p + '/'))"
+)
+_ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
+_ENV_ITEM_RULES = [
+    rule("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both"),
+]
+_ENV_SOURCE_RULES = [
+    rule(
+        " + ".join(f"(has(self.{k}) ? 1 : 0)" for k in _ENV_SOURCES) + " == 1",
+        "set exactly one of secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef",
+    )
+]
+
+# spec.template (api/template.py): the same refusals, in the same words.
+TEMPLATE_RULES: Final[dict[str, list[dict[str, str]]]] = {
+    "spec.template.metadata.labels": _label_keys(OWNED_LABEL_PREFIXES, "label"),
+    "spec.template.metadata.annotations": _label_keys(OWNED_ANNOTATION_PREFIXES, "annotation"),
+    "spec.template.spec": [
+        rule(f"!has(self.{name})", f"set by the operator: {why}", f".{name}", "FieldValueForbidden")
+        for name, why in OWNED_POD_FIELDS.items()
+    ]
+    + [
+        rule(
+            "!has(self.initContainers) || !has(self.containers) || "
+            "!self.initContainers.exists(i, self.containers.exists(c, c.name == i.name))",
+            "a container name may appear once across initContainers and containers",
+            ".initContainers",
+            "FieldValueDuplicate",
+        )
+    ],
+    "spec.template.spec.volumes[]": [
+        rule(
+            f"!(self.name in {_list(OWNED_VOLUMES)})",
+            "this is one of the operator's volumes ("
+            + ", ".join(f"{k}: {v}" for k, v in OWNED_VOLUMES.items())
+            + "): choose another name",
+            ".name",
+            "FieldValueForbidden",
+        )
+    ],
+    "spec.template.spec.initContainers[]": [
+        rule(
+            f"{_TRAINER}",
+            f"{TRAINER_CONTAINER!r} is the trainer container: it runs in containers",
+            ".name",
+            "FieldValueForbidden",
+        ),
+        rule("has(self.image)", "an init container needs an image", ".image", "FieldValueRequired"),
+    ],
+    "spec.template.spec.containers[]": [
+        rule(
+            f"!{_TRAINER} || has(self.image)",
+            "a sidecar container needs an image",
+            ".image",
+            "FieldValueRequired",
+        ),
+        *[
+            rule(
+                f"{_TRAINER} || !has(self.{name})",
+                f"the trainer container: {container_field_why(name)}",
+                f".{name}",
+                "FieldValueForbidden",
+            )
+            for name in _CONTAINER_FIELDS
+        ],
+        rule(
+            f"{_TRAINER} || !has(self.env) || self.env.all(e, !(e.name in {_list(sorted(OWNED_ENV))})"
+            f" && !e.name.startsWith({_lit(OWNED_ENV_PREFIX)}))",
+            f"the trainer container: {OWNED_ENV_WHY}",
+            ".env",
+            "FieldValueForbidden",
+        ),
+        rule(
+            f"{_TRAINER} || !has(self.volumeMounts) || !self.volumeMounts.exists(m, {_OWNED_MOUNT})",
+            f"the trainer container: {OWNED_MOUNT_WHY}",
+            ".volumeMounts",
+            "FieldValueForbidden",
+        ),
+        *[
+            rule(
+                f"{_TRAINER} || !has(self.resources) || !has(self.resources.{kind}) || "
+                f"!self.resources.{kind}.exists(k, k in {_list(GPU_RESOURCES)})",
+                f"the trainer container: {GPU_WHY}",
+                f".resources.{kind}",
+                "FieldValueForbidden",
+            )
+            for kind in ("requests", "limits")
+        ],
+    ],
+    "spec.template.spec.containers[].env[]": _ENV_ITEM_RULES,
+    "spec.template.spec.initContainers[].env[]": _ENV_ITEM_RULES,
+    "spec.template.spec.containers[].env[].valueFrom": _ENV_SOURCE_RULES,
+    "spec.template.spec.initContainers[].env[].valueFrom": _ENV_SOURCE_RULES,
+    "spec.template.spec.nodeSelector": NODE_RULES["spec.resources.nodeSelector"],
+    "spec.template.spec.tolerations[].key": NODE_RULES["spec.topology.key"],
+}
+
 # Which fields may change on an existing job: the lists live in transitions.py (the Python
 # check the operator runs); here they become CEL transition rules.
 
 
-def _same(path: str) -> str:
-    """CEL: the optional field at `path` is equal in self and oldSelf (both absent counts)."""
-    parent, _, leaf = path.rpartition(".")
-    new, old = ("self", "oldSelf") if not parent else (f"self.{parent}", f"oldSelf.{parent}")
-    return (
-        f"(has({new}.{leaf}) == has({old}.{leaf}) && "
-        f"(!has({new}.{leaf}) || {new}.{leaf} == {old}.{leaf}))"
-    )
+def _same(path: str, prefix: str = "") -> str:
+    """CEL: the optional field at `path` is equal in self and oldSelf (both absent counts). Each
+    optional parent is checked first, so a missing parent (e.g. no spec.training with a
+    trainer.command) is never dereferenced."""
+    head, _, rest = path.partition(".")
+    here = f"{prefix}.{head}" if prefix else head
+    new, old = f"self.{here}", f"oldSelf.{here}"
+    parent_new = f"self.{prefix}" if prefix else "self"
+    parent_old = f"oldSelf.{prefix}" if prefix else "oldSelf"
+    present = f"has({parent_new}.{head}) == has({parent_old}.{head})"
+    inner = f"{new} == {old}" if not rest else _same(rest, here)
+    return f"({present} && (!has({parent_new}.{head}) || {inner}))"
 
 
 _WHILE_SUSPENDED = " && ".join(_same(p) for p in WHILE_SUSPENDED)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .cel import NODE_RULES, SPEC_RULES, TRANSITION_RULES
+from .cel import NODE_RULES, SPEC_RULES, TEMPLATE_RULES, TRANSITION_RULES
 from .job import (
     GROUP,
     KIND,
@@ -93,6 +93,11 @@ def _openapi(node: dict[str, Any]) -> dict[str, Any]:
             out[key] = True
     if "default" in node and node["default"] is not None:
         out["default"] = node["default"]
+    for key in ("x-kubernetes-preserve-unknown-fields", "x-kubernetes-list-type"):
+        if key in node:
+            out[key] = node[key]
+    if "x-kubernetes-list-map-keys" in node:
+        out["x-kubernetes-list-map-keys"] = node["x-kubernetes-list-map-keys"]
     if kind == "object":
         if "properties" in node:
             required = node.get("required", [])
@@ -149,7 +154,7 @@ def spec_schema() -> dict[str, Any]:
     spec = _model_schema(MegatronJobSpec)
     spec["x-kubernetes-validations"] = [*SPEC_RULES, *TRANSITION_RULES]
     root = {"properties": {"spec": spec}}
-    for path, rules in NODE_RULES.items():
+    for path, rules in {**NODE_RULES, **TEMPLATE_RULES}.items():
         _attach(root, path, rules)
     return spec
 

@@ -6,10 +6,11 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .base import GROUP as _GROUP
 from .spec import MegatronJobSpec
 from .status import MegatronJobStatus
 
-GROUP: Final = "megatron.dev"
+GROUP: Final = _GROUP  # defined in base, beside the label prefixes it also makes
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 KIND: Final = "MegatronJob"

@@ -7,7 +7,7 @@ Cross-field rules live in `megatron_operator.core.planner` (Python) and `cel.py`
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field, model_validator
 
@@ -20,6 +20,7 @@ from megatron_contract.bounds import (
     MAX_HEADS,
     MAX_HIDDEN,
     MAX_ITERATIONS,
+    MAX_KEPT_ATTEMPTS,
     MAX_LAYERS,
     MAX_LR,
     MAX_NODES,
@@ -46,10 +47,11 @@ from .base import (
     Quantity,
     SafePath,
     Seconds,
-    TolerationKey,
+    Toleration,
     enum_schema,
     one_of,
 )
+from .template import PodTemplate
 
 Precision = Annotated[str, one_of(choices.PRECISIONS), enum_schema(choices.PRECISIONS)]
 Accelerator = Annotated[str, one_of(choices.ACCELERATORS), enum_schema(choices.ACCELERATORS)]
@@ -79,6 +81,7 @@ FailureReason = Literal[
     "PodDeleted",
     "Hang",
     "KueueEviction",
+    "StartupTimeout",
 ]
 
 
@@ -284,9 +287,45 @@ class TokenizerSpec(ApiModel):
     )
 
 
-class DataSpec(ApiModel):
-    """Training data: either mock data or a weighted blend of preprocessed datasets."""
+# One segment of checkpoint.path: letters, digits, '.', '_' and '-', but not '.' or '..' (which
+# would leave the volume). Spelled without look-ahead: the apiserver's regex engine has none.
+_SEGMENT = r"([A-Za-z0-9_-][A-Za-z0-9._-]*|[.][A-Za-z0-9_-][A-Za-z0-9._-]*|[.][.][A-Za-z0-9._-]+)"
+CHECKPOINT_PATH_PATTERN = f"^{_SEGMENT}(/{_SEGMENT})*$"
 
+
+class DataVolume(ApiModel):
+    """An existing claim holding the datasets, mounted at /mnt/data (env MEGATRON_DATA_DIR)."""
+
+    claim_name: DnsSubdomain = Field(description="The PersistentVolumeClaim (Lustre, FSx, NFS, …).")
+    read_only: bool = Field(True, description="Mount read-only (the default: training reads data).")
+    sub_path: str | None = Field(
+        None,
+        pattern=CHECKPOINT_PATH_PATTERN,
+        max_length=4096,
+        description="A directory inside the claim to mount instead of its root.",
+    )
+
+
+class InitVolume(ApiModel):
+    """An existing claim holding the weights to start from, mounted read-only at /mnt/init (env
+    MEGATRON_INIT_DIR); checkpoint.init's path is then a path under /mnt/init."""
+
+    claim_name: DnsSubdomain = Field(description="The PersistentVolumeClaim.")
+    sub_path: str | None = Field(
+        None,
+        pattern=CHECKPOINT_PATH_PATTERN,
+        max_length=4096,
+        description="A directory inside the claim to mount instead of its root.",
+    )
+
+
+class DataSpec(ApiModel):
+    """Training data: either mock data or a weighted blend of preprocessed datasets, and the
+    volume they are on. With spec.trainer.command, mock and blend are optional."""
+
+    volume: DataVolume | None = Field(
+        None, description="A claim with the datasets, mounted at /mnt/data (read-only by default)."
+    )
     mock: bool = Field(False, description="Synthetic token data, for smoke tests and benchmarks.")
     blend: list[BlendItem] | None = Field(
         None, min_length=1, max_length=256, description="Weighted datasets; exclusive with mock."
@@ -300,19 +339,36 @@ class DataSpec(ApiModel):
     )
 
 
-class Toleration(ApiModel):
-    """A Kubernetes toleration, copied to every pod."""
+Fabric = Literal["none", "infiniband", "roce", "efa"]
+# The device-plugin resource of each fabric, unless network.resourceName names another: the
+# NVIDIA Network Operator's RDMA shared device plugin is configured with such names, and the AWS
+# EFA device plugin always advertises vpc.amazonaws.com/efa (docs/networking.md).
+FABRIC_RESOURCES: Final[dict[str, str]] = {
+    "none": "",
+    "infiniband": "rdma/ib",
+    "roce": "rdma/roce",
+    "efa": "vpc.amazonaws.com/efa",
+}
 
-    key: TolerationKey | None = Field(
-        None, description="Taint key; empty matches all keys with Exists."
+
+class NetworkSpec(ApiModel):
+    """The fabric between nodes: its device-plugin resource, IPC_LOCK and the NCCL/libfabric
+    env it needs (docs/networking.md)."""
+
+    fabric: Fabric = Field(
+        "none",
+        description="none (TCP sockets), infiniband, roce (RDMA over Ethernet) or efa (AWS).",
     )
-    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal.")
-    value: LabelValue | None = Field(None, description="Taint value for Equal.")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
-        None, description="Taint effect to match; empty matches all."
+    resource_name: QualifiedName | None = Field(
+        None,
+        description="The device plugin's resource; default rdma/ib (infiniband), rdma/roce "
+        "(roce), vpc.amazonaws.com/efa (efa).",
     )
-    toleration_seconds: Seconds | None = Field(
-        None, description="For NoExecute: how long to stay bound." + _DAYS
+    devices: PositiveInt = Field(
+        1,
+        le=64,
+        description="Devices of that resource per pod: 1 for a shared RDMA device, the adapter "
+        "count for EFA (4 on p4d.24xlarge, 32 on p5.48xlarge).",
     )
 
 
@@ -353,6 +409,9 @@ class ResourcesSpec(ApiModel):
     )
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=64, description="Tolerations added to every pod."
+    )
+    network: NetworkSpec = Field(
+        default_factory=NetworkSpec, description="The inter-node fabric (default: none)."
     )
 
     @model_validator(mode="after")
@@ -423,12 +482,6 @@ class VolumeSpec(ApiModel):
     create: PvcCreate | None = Field(None, description="Create a claim named <job>-checkpoints.")
 
 
-# One segment of checkpoint.path: letters, digits, '.', '_' and '-', but not '.' or '..' (which
-# would leave the volume). Spelled without look-ahead: the apiserver's regex engine has none.
-_SEGMENT = r"([A-Za-z0-9_-][A-Za-z0-9._-]*|[.][A-Za-z0-9_-][A-Za-z0-9._-]*|[.][.][A-Za-z0-9._-]+)"
-CHECKPOINT_PATH_PATTERN = f"^{_SEGMENT}(/{_SEGMENT})*$"
-
-
 InitLoad = Annotated[str, one_of(choices.INIT_LOADS), enum_schema(choices.INIT_LOADS)]
 
 
@@ -464,6 +517,11 @@ class HuggingFaceInitSpec(ApiModel):
 class InitSpec(ApiModel):
     """Where the first run starts from; every restart resumes from the job's own checkpoint."""
 
+    volume: InitVolume | None = Field(
+        None,
+        description="A claim with the weights, mounted read-only at /mnt/init: the source's path "
+        "must then be under /mnt/init.",
+    )
     megatron: MegatronInitSpec | None = Field(
         None, description="Start from a Megatron-LM / NeMo torch_dist checkpoint."
     )
@@ -545,10 +603,41 @@ class RestartPolicySpec(ApiModel):
         description="Restart with reason Hang when Running without progress this long (0: off)."
         + _DAYS,
     )
+    startup_timeout_seconds: Seconds = Field(
+        1800,
+        description="A gang not Running this long after its first pod was scheduled (an image "
+        "that cannot be pulled, a missing Secret, pods that never all fit) releases its GPUs: "
+        "its pods are deleted and the failure (reason StartupTimeout) goes through the rules "
+        "(default: a counted restart). 0: off." + _DAYS,
+    )
+    keep_failed_pods: NonNegativeInt = Field(
+        1,
+        le=MAX_KEPT_ATTEMPTS,
+        description="Keep the failed pod of this many latest failed attempts (Failed, holding "
+        "nothing, with its logs for kubectl logs); 0 deletes every pod of a failed attempt.",
+    )
     rules: list[FailureRule] = Field(
         default_factory=list,
         max_length=32,
         description="Ordered rules, tried before the built-in defaults (see docs/api.md).",
+    )
+
+
+class TrainerSpec(ApiModel):
+    """Your own training code instead of the built-in trainer: the launcher runs it once per
+    rank, with the same env contract, signals, restarts and checkpoint volume."""
+
+    command: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        min_length=1,
+        max_length=64,
+        description="The command each rank runs, e.g. [python, pretrain_gpt.py]; $(VAR) expands "
+        "from the rank's env (RANK, MEGATRON_TP, MEGATRON_CHECKPOINT_DIR, …) as Kubernetes "
+        "expands a container's args, $$ is a literal $.",
+    )
+    args: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="Its arguments, expanded the same way.",
     )
 
 
@@ -576,12 +665,22 @@ class MegatronJobSpec(ApiModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="Image pull policy of the trainer container."
     )
-    model: ModelSpec = Field(description="The model (a recipe plus overrides).")
+    trainer: TrainerSpec | None = Field(
+        None,
+        description="Run your own training code per rank instead of the built-in trainer; "
+        "model, training and data become optional (validated and written to the config file "
+        "when given).",
+    )
+    model: ModelSpec | None = Field(
+        None, description="The model (a recipe plus overrides); required without trainer."
+    )
     parallelism: ParallelismSpec = Field(
         default_factory=ParallelismSpec, description="The parallel layout."
     )
-    training: TrainingSpec = Field(description="Optimisation settings.")
-    data: DataSpec = Field(description="Training data.")
+    training: TrainingSpec | None = Field(
+        None, description="Optimisation settings; required without trainer."
+    )
+    data: DataSpec | None = Field(None, description="Training data; required without trainer.")
     resources: ResourcesSpec = Field(description="Nodes, GPUs and per-pod resources.")
     topology: TopologySpec = Field(default_factory=TopologySpec, description="Pod packing.")
     checkpoint: CheckpointSpec = Field(description="Checkpoint volume and schedule.")
@@ -597,3 +696,22 @@ class MegatronJobSpec(ApiModel):
     ttl_seconds_after_finished: Seconds | None = Field(
         None, description="Delete the job this long after it Succeeded or Failed." + _DAYS
     )
+    template: PodTemplate | None = Field(
+        None,
+        description="The cluster's pod conventions, overlaid on every pod: labels, annotations, "
+        "volumes, init containers and sidecars, image pull secrets, scheduling, DNS, security "
+        "context, and extra env, envFrom, volume mounts and resources for the container named "
+        "trainer. Lists merge by name; what the operator owns is refused.",
+    )
+
+    @model_validator(mode="after")
+    def _builtin_needs_sections(self) -> MegatronJobSpec:
+        # Also CEL rules (cel.py). Raised as one error per missing field by the loader.
+        if self.trainer is None:
+            missing = [k for k in ("model", "training", "data") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(
+                    f"{', '.join(missing)} required: the built-in trainer needs them (or set "
+                    "trainer.command to run your own code)"
+                )
+        return self

@@ -21,6 +21,8 @@ WHILE_SUSPENDED = (
     "data",
     "env",
     "priorityClassName",
+    "trainer",
+    "template",
     "checkpoint.shardingType",
     "training.microBatchSize",
     "training.lr",

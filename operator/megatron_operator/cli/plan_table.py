@@ -26,23 +26,34 @@ def print_plan(plan: Plan, max_nodes: int = 16, console: Console | None = None) 
         ("context / expert / expert-tensor", f"{d.cp} / {d.ep} / {d.etp}"),
         ("data / expert-data", f"{d.dp} / {d.edp}"),
         ("sequence parallel", "yes" if d.sequence_parallel else "no"),
-        (
-            "batch",
-            f"global {plan.global_batch_size} = micro {plan.micro_batch_size} × data {d.dp} "
-            f"× {plan.num_microbatches} microbatches",
-        ),
-        ("padded vocab", str(plan.padded_vocab_size)),
-        ("precision", plan.precision),
-        (
-            "parameters",
-            f"{m.parameters_total / 1e9:.2f} B total, {m.parameters_per_gpu / 1e9:.2f} B per GPU",
-        ),
-        (
-            "memory per GPU",
-            f"{m.per_gpu_gib:.1f} GiB (weights+optimizer {m.weights_and_optimizer_gib:.1f}, "
-            f"activations {m.activations_gib:.1f}, overhead {m.overhead_gib:.1f})",
-        ),
     ]
+    t = plan.training
+    if t is not None:
+        rows.append(
+            (
+                "batch",
+                f"global {t.global_batch_size} = micro {t.micro_batch_size} × data {d.dp} "
+                f"× {t.num_microbatches} microbatches",
+            )
+        )
+        rows.append(("precision", t.precision))
+    if plan.model is not None:
+        rows.append(("padded vocab", str(plan.model.padded_vocab_size)))
+    if m is not None:
+        rows.append(
+            (
+                "parameters",
+                f"{m.parameters_total / 1e9:.2f} B total, {m.parameters_per_gpu / 1e9:.2f} B "
+                "per GPU",
+            )
+        )
+        rows.append(
+            (
+                "memory per GPU",
+                f"{m.per_gpu_gib:.1f} GiB (weights+optimizer {m.weights_and_optimizer_gib:.1f}, "
+                f"activations {m.activations_gib:.1f}, overhead {m.overhead_gib:.1f})",
+            )
+        )
     for key, value in rows:
         summary.add_row(key, value)
     out.print(summary)

@@ -79,7 +79,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from megatron_operator.local.pods import Layout
     from megatron_operator.local.runner import LocalRunner
 
-    display = make_display(job.name, job.spec.training.train_iters)
+    train = job.spec.training
+    display = make_display(job.name, train.train_iters if train else None)
     display.event(
         f"note: spec.image ({job.spec.image}) is ignored locally: each pod runs as a process "
         f"group with {sys.executable}"

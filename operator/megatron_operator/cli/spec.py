@@ -11,9 +11,15 @@ from megatron_operator.cli.common import EXIT_INVALID, CliError, add_spec_args, 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     job, p = load_and_plan(args.file, args.overrides)
+    memory = (
+        f"~{p.memory.per_gpu_gib:.1f} GiB per GPU"
+        if p.memory is not None
+        else "memory not estimated (no spec.model and spec.training)"
+    )
+    runs = f"; runs {' '.join(job.spec.trainer.command)}" if job.spec.trainer else ""
     print(
         f"{args.file}: MegatronJob {job.name} is valid: {p.layout_string()} on {p.nodes} × "
-        f"{p.procs_per_node} ({p.world_size} ranks), ~{p.memory.per_gpu_gib:.1f} GiB per GPU"
+        f"{p.procs_per_node} ({p.world_size} ranks), {memory}{runs}"
     )
     return 0
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from megatron_contract import paths
+
 DOMAIN: Final = "megatron.dev"
 LABEL_JOB_NAME: Final = f"{DOMAIN}/job-name"
 LABEL_JOB_UID: Final = f"{DOMAIN}/job-uid"
@@ -25,7 +27,7 @@ FINALIZER: Final = f"{DOMAIN}/cleanup"
 # selects it alone.
 MASTER_NODE_RANK: Final = 0
 
-CONTAINER_NAME: Final = "trainer"
+CONTAINER_NAME: Final = paths.CONTAINER_NAME
 SPEC_KEY: Final = "spec.json"  # in the ConfigMap: the spec the current attempt runs
 
 

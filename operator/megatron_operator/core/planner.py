@@ -23,10 +23,11 @@ from megatron_contract.config import (
     TrainingConfig,
     to_json,
 )
-from megatron_contract.env import RESERVED as RESERVED_ENV
+from megatron_contract.env import OWNED as OWNED_ENV
+from megatron_contract.paths import INIT_MOUNT
 from megatron_contract.rules import Layout, Problem, check, divisors
 from megatron_operator.api.errors import FieldError, SpecError
-from megatron_operator.api.spec import MegatronJobSpec
+from megatron_operator.api.spec import FABRIC_RESOURCES, MegatronJobSpec
 from megatron_operator.core.memory import MemoryEstimate, ParallelDegrees, estimate
 from megatron_operator.core.resolve import resolve_model
 
@@ -48,15 +49,17 @@ class RankCoord(NamedTuple):
 
 @dataclass(frozen=True)
 class Plan:
-    """A validated layout. Rank order is Megatron-Core's default `tp-cp-ep-dp-pp`."""
+    """A validated layout. Rank order is Megatron-Core's default `tp-cp-ep-dp-pp`. With a
+    trainer.command, model, training and data are None unless the spec gave them, and the
+    memory is estimated only with a model and training settings."""
 
-    model: ModelConfig
+    model: ModelConfig | None
     degrees: ParallelDegrees
-    training: TrainingConfig
-    data: DataConfig
+    training: TrainingConfig | None
+    data: DataConfig | None
     resources: ResourcesConfig
     profiling: ProfilingConfig | None
-    memory: MemoryEstimate
+    memory: MemoryEstimate | None
 
     @property
     def world_size(self) -> int:
@@ -73,26 +76,6 @@ class Plan:
     @property
     def accelerator(self) -> str:
         return self.resources.accelerator
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.training.global_batch_size
-
-    @property
-    def micro_batch_size(self) -> int:
-        return self.training.micro_batch_size
-
-    @property
-    def num_microbatches(self) -> int:
-        return self.training.num_microbatches
-
-    @property
-    def padded_vocab_size(self) -> int:
-        return self.model.padded_vocab_size
-
-    @property
-    def precision(self) -> str:
-        return self.training.precision
 
     @property
     def gpus(self) -> int:
@@ -144,8 +127,7 @@ class Plan:
         return [base + i * stride for i in range(size)]
 
     def to_dict(self, include_ranks: bool = True) -> dict[str, Any]:
-        d = self.degrees
-        mem = self.memory
+        d, t, mem = self.degrees, self.training, self.memory
         out: dict[str, Any] = {
             "layout": self.layout_string(),
             "worldSize": self.world_size,
@@ -153,20 +135,25 @@ class Plan:
             "procsPerNode": self.procs_per_node,
             "gpus": self.gpus,
             **to_json(d.config()),
-            "globalBatchSize": self.global_batch_size,
-            "microBatchSize": self.micro_batch_size,
-            "numMicrobatches": self.num_microbatches,
-            "paddedVocabSize": self.padded_vocab_size,
-            "precision": self.precision,
-            "memory": {
+        }
+        if t is not None:
+            out.update(
+                globalBatchSize=t.global_batch_size,
+                microBatchSize=t.micro_batch_size,
+                numMicrobatches=t.num_microbatches,
+                precision=t.precision,
+            )
+        if self.model is not None:
+            out["paddedVocabSize"] = self.model.padded_vocab_size
+        if mem is not None:
+            out["memory"] = {
                 "perGpuGiB": round(mem.per_gpu_gib, 3),
                 "weightsAndOptimizerGiB": round(mem.weights_and_optimizer_gib, 3),
                 "activationsGiB": round(mem.activations_gib, 3),
                 "overheadGiB": mem.overhead_gib,
                 "parametersTotal": mem.parameters_total,
                 "parametersPerGpu": mem.parameters_per_gpu,
-            },
-        }
+            }
         if include_ranks:
             out["ranks"] = [
                 {
@@ -256,7 +243,7 @@ def _spec_rules(spec: MegatronJobSpec, dp: int | None) -> Iterator[FieldError]:
             f"({rp.backoff_seconds})",
         )
     for i, env in enumerate(s.env):
-        if env.name in RESERVED_ENV:
+        if env.name in OWNED_ENV:
             yield _e(f"env[{i}].name", f"{env.name} is set by the operator; remove it")
     for kind in ("requests", "limits"):
         bad = [k for k in getattr(s.resources, kind) if not valid_resource_name(k)]
@@ -273,14 +260,55 @@ def _spec_rules(spec: MegatronJobSpec, dp: int | None) -> Iterator[FieldError]:
                 f"resources.{kind}",
                 f"{gpu} is set from procsPerNode; remove it from resources.{kind}",
             )
+    yield from _network_rules(spec)
+    yield from _init_rules(spec)
+
+
+def network_resource(spec: MegatronJobSpec) -> str | None:
+    """The device-plugin resource of the job's fabric, or None without one."""
+    net = spec.resources.network
+    if net.fabric == "none":
+        return None
+    return net.resource_name or FABRIC_RESOURCES[net.fabric]
+
+
+def _network_rules(spec: MegatronJobSpec) -> Iterator[FieldError]:
+    net, r = spec.resources.network, spec.resources
+    if net.fabric == "none" and net.resource_name is not None:
+        yield _e(
+            "resources.network.resourceName",
+            "needs a fabric: set resources.network.fabric (infiniband, roce or efa)",
+        )
+    name = network_resource(spec)
+    for kind in ("requests", "limits"):
+        if name is not None and name in getattr(r, kind):
+            yield _e(
+                f"resources.{kind}",
+                f"{name} is set from resources.network.devices ({net.devices}); remove it from "
+                f"resources.{kind}",
+            )
+
+
+def _init_rules(spec: MegatronJobSpec) -> Iterator[FieldError]:
+    init = spec.checkpoint.init
+    if init is None or init.volume is None:
+        return
+    source = init.megatron or init.hugging_face
+    path = source.path if source is not None else INIT_MOUNT
+    if not (path + "/").startswith(INIT_MOUNT + "/"):
+        yield _e(
+            "checkpoint.init",
+            f"with checkpoint.init.volume the path to start from must be under {INIT_MOUNT}, "
+            f"where that volume is mounted (got {path})",
+        )
 
 
 def _layout_of(
-    spec: MegatronJobSpec, model: ModelConfig
+    spec: MegatronJobSpec, model: ModelConfig | None
 ) -> tuple[Layout, ParallelDegrees, int | None]:
     """The contract sections the rules check, and the degrees (dp is None when tensor × pipeline ×
     context does not divide the world)."""
-    p, r, t = spec.parallelism, spec.resources, spec.training
+    p, r = spec.parallelism, spec.resources
     world = r.nodes * r.procs_per_node
     mp = p.tensor * p.pipeline * p.context
     dp = world // mp if world % mp == 0 else None
@@ -297,9 +325,21 @@ def _layout_of(
         edp=world // expert_group if world % expert_group == 0 else 0,
         sequence_parallel=p.sequence_parallel,
     )
+    resources = ResourcesConfig(r.accelerator, r.nodes, r.procs_per_node)
+    prof = spec.profiling
+    profiling = ProfilingConfig(prof.start_step, prof.end_step, tuple(prof.ranks)) if prof else None
+    training = _training(spec, dp)
+    layout = Layout(model, degrees.config(), training, _data(spec), resources, profiling)
+    return layout, degrees, dp
+
+
+def _training(spec: MegatronJobSpec, dp: int | None) -> TrainingConfig | None:
+    t = spec.training
+    if t is None:
+        return None
     unit = t.micro_batch_size * (dp or 0)
-    on_gpu = r.accelerator != "none"
-    training = TrainingConfig(
+    on_gpu = spec.resources.accelerator != "none"
+    return TrainingConfig(
         global_batch_size=t.global_batch_size,
         micro_batch_size=t.micro_batch_size,
         num_microbatches=t.global_batch_size // unit if unit else 0,
@@ -317,19 +357,20 @@ def _layout_of(
         recompute=t.recompute,
         log_interval=t.log_interval,
     )
+
+
+def _data(spec: MegatronJobSpec) -> DataConfig | None:
+    """The dataset section; None without one (a trainer.command job may give only a volume)."""
     d = spec.data
-    data = DataConfig(
+    if d is None or (spec.trainer is not None and not d.mock and not d.blend):
+        return None
+    return DataConfig(
         mock=d.mock,
         blend=tuple(BlendEntry(b.weight, b.prefix) for b in d.blend) if d.blend else None,
         tokenizer=TokenizerConfig(d.tokenizer.path) if d.tokenizer else None,
         split=d.split,
         num_workers=0,
     )
-    resources = ResourcesConfig(r.accelerator, r.nodes, r.procs_per_node)
-    prof = spec.profiling
-    profiling = ProfilingConfig(prof.start_step, prof.end_step, tuple(prof.ranks)) if prof else None
-    layout = Layout(model, degrees.config(), training, data, resources, profiling)
-    return layout, degrees, dp
 
 
 def validate(spec: MegatronJobSpec) -> list[FieldError]:
@@ -343,30 +384,22 @@ def validate(spec: MegatronJobSpec) -> list[FieldError]:
 
 def plan(spec: MegatronJobSpec) -> Plan:
     """Validate the spec and plan its layout. Raises SpecError with every problem found."""
-    model, errors = resolve_model(spec.model, spec.parallelism.tensor)
-    if model is None:
-        raise SpecError(errors)
+    model: ModelConfig | None = None
+    errors: list[FieldError] = []
+    if spec.model is not None:
+        model, errors = resolve_model(spec.model, spec.parallelism.tensor)
+        if model is None:
+            raise SpecError(errors)
     errors = list(errors)
     layout, degrees, dp = _layout_of(spec, model)
     errors.extend(field_error(p) for p in check(layout))
     errors.extend(_spec_rules(spec, dp))
     if errors or dp is None:
         raise SpecError(errors)
-    t, r = layout.training, spec.resources
-    on_gpu = r.accelerator != "none"
-    mem = estimate(
-        model,
-        degrees,
-        model.padded_vocab_size,
-        t.micro_batch_size,
-        t.num_microbatches,
-        t.precision,
-        t.recompute,
-        distributed_optimizer=on_gpu,
-        on_gpu=on_gpu,
-    )
-    if on_gpu and mem.per_gpu_gib > r.gpu_memory_gib:
-        raise SpecError([_memory_error(mem, r.gpu_memory_gib, spec)])
+    mem = _memory(spec, model, degrees, layout.training)
+    budget = spec.resources.gpu_memory_gib
+    if mem is not None and spec.resources.accelerator != "none" and mem.per_gpu_gib > budget:
+        raise SpecError([_memory_error(mem, budget, spec)])
     return Plan(
         model=model,
         degrees=degrees,
@@ -378,11 +411,35 @@ def plan(spec: MegatronJobSpec) -> Plan:
     )
 
 
+def _memory(
+    spec: MegatronJobSpec,
+    model: ModelConfig | None,
+    degrees: ParallelDegrees,
+    t: TrainingConfig | None,
+) -> MemoryEstimate | None:
+    """The per-GPU estimate; None without a model and training settings to estimate from."""
+    if model is None or t is None:
+        return None
+    on_gpu = spec.resources.accelerator != "none"
+    return estimate(
+        model,
+        degrees,
+        model.padded_vocab_size,
+        t.micro_batch_size,
+        t.num_microbatches,
+        t.precision,
+        t.recompute,
+        distributed_optimizer=on_gpu,
+        on_gpu=on_gpu,
+    )
+
+
 def _memory_error(mem: MemoryEstimate, budget: float, spec: MegatronJobSpec) -> FieldError:
     hints = ["raise parallelism.tensor or parallelism.pipeline"]
-    if spec.training.recompute != "full":
+    t = spec.training
+    if t is not None and t.recompute != "full":
         hints.append("set training.recompute: full")
-    if spec.training.micro_batch_size > 1:
+    if t is not None and t.micro_batch_size > 1:
         hints.append("lower training.microBatchSize")
     if not spec.parallelism.sequence_parallel and spec.parallelism.tensor > 1:
         hints.append("turn on parallelism.sequenceParallel")

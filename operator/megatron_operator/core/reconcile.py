@@ -545,7 +545,8 @@ class _Machine:
         if old_time is not None and old_time >= prog.time:
             return
         self.st.progress = prog.to_status()
-        self.st.progress_summary = summary(prog, job.spec.training.train_iters)
+        train = job.spec.training
+        self.st.progress_summary = summary(prog, train.train_iters if train else None)
 
     def done(self) -> Outcome:
         if self.queue is not None:
@@ -560,8 +561,9 @@ class _Machine:
         return self.out
 
 
-def summary(progress: Progress, train_iters: int) -> str:
-    text = f"{progress.iteration}/{train_iters}"
+def summary(progress: Progress, train_iters: int | None) -> str:
+    """e.g. '1200/10000 loss 2.31'; without spec.training (a trainer.command) 'step 1200 …'."""
+    text = f"{progress.iteration}/{train_iters}" if train_iters else f"step {progress.iteration}"
     if progress.loss is not None:
         text += f" loss {progress.loss:.4g}"
     return text

@@ -12,10 +12,12 @@ import re
 from typing import Any
 
 from megatron_contract import env as contract_env
+from megatron_contract import paths
 from megatron_contract.config import dumps
 from megatron_contract.env import DEFAULT_MASTER_PORT
 from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY, CONFIG_MOUNT, DEFAULT_CONFIG_PATH
 from megatron_operator.api.job import API_VERSION, KIND, MegatronJob
+from megatron_operator.core import network
 from megatron_operator.core.names import (
     ANNOTATION_LAYOUT,
     CONTAINER_NAME,
@@ -37,8 +39,9 @@ from megatron_operator.core.names import (
     service_name,
     trainer_account_name,
 )
+from megatron_operator.core.overlay import overlay
 from megatron_operator.core.planner import Plan
-from megatron_operator.core.trainer_config import trainer_config
+from megatron_operator.core.trainer_config import checkpoint_dir, trainer_config
 
 Obj = dict[str, Any]
 
@@ -211,20 +214,47 @@ def _env(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> list[Obj
         e.JOB_NAME: job.name,
         e.RESTART_ATTEMPT: str(attempt),
         e.PROGRESS_LEASE: progress_lease_name(job.name),
+        **_layout_env(job, plan),
     }
     env: list[Obj] = [{"name": k, "value": v} for k, v in plain.items()]
     env += [
         {"name": e.POD_NAME, "valueFrom": field("metadata.name")},
         {"name": e.POD_NAMESPACE, "valueFrom": field("metadata.namespace")},
     ]
+    env += [{"name": k, "value": v} for k, v in network.env(job.spec).items()]
     env += [{"name": e.name, "value": e.value} for e in job.spec.env]
     return env
 
 
+def _layout_env(job: MegatronJob, plan: Plan) -> dict[str, str]:
+    """The layout and the job's directories, for a command's $(VAR) arguments (and any code
+    that prefers env to the config file)."""
+    e, d = contract_env, plan.degrees
+    out = {
+        e.TP: str(d.tp),
+        e.PP: str(d.pp),
+        e.VPP: str(d.vpp or 1),
+        e.CP: str(d.cp),
+        e.EP: str(d.ep),
+        e.ETP: str(d.etp),
+        e.DP: str(d.dp),
+        e.SEQUENCE_PARALLEL: "1" if d.sequence_parallel else "0",
+        e.CHECKPOINT_DIR: checkpoint_dir(job),
+    }
+    data = job.spec.data
+    if data is not None and data.volume is not None:
+        out[e.DATA_DIR] = paths.DATA_MOUNT
+    init = job.spec.checkpoint.init
+    if init is not None and init.volume is not None:
+        out[e.INIT_DIR] = paths.INIT_MOUNT
+    return out
+
+
 def _resources(job: MegatronJob, plan: Plan) -> Obj:
     r = job.spec.resources
-    requests = {k: str(v) for k, v in r.requests.items()}
-    limits = {k: str(v) for k, v in r.limits.items()}
+    fabric = network.devices(job.spec)
+    requests = {**{k: str(v) for k, v in r.requests.items()}, **fabric}
+    limits = {**{k: str(v) for k, v in r.limits.items()}, **fabric}
     if r.accelerator != "none":
         # Extended resources must have requests equal to limits.
         requests[r.accelerator] = limits[r.accelerator] = str(plan.procs_per_node)
@@ -253,7 +283,8 @@ def _needs_ipc_lock(job: MegatronJob) -> bool:
     # the pod's baseline Pod Security level for nothing.
     r = job.spec.resources
     entries = [*r.requests.items(), *r.limits.items()]
-    return any(k.startswith("rdma/") and _positive(v) for k, v in entries)
+    rdma = any(k.startswith("rdma/") and _positive(v) for k, v in entries)
+    return rdma or network.needs_ipc_lock(job.spec)
 
 
 def _affinity(job: MegatronJob) -> Obj:
@@ -281,21 +312,65 @@ def _affinity(job: MegatronJob) -> Obj:
     return affinity
 
 
-def _volumes(job: MegatronJob) -> list[Obj]:
+def _volumes(job: MegatronJob) -> tuple[list[Obj], list[Obj]]:
+    """The pod's volumes, and the trainer container's mounts of them."""
     vol = job.spec.checkpoint.volume
     claim = vol.claim_name or pvc_name(job.name)
-    return [
-        {"name": "config", "configMap": {"name": config_map_name(job.name)}},
-        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}},
+    volumes: list[Obj] = [
+        {"name": paths.VOLUME_CONFIG, "configMap": {"name": config_map_name(job.name)}},
+        {"name": paths.VOLUME_CHECKPOINTS, "persistentVolumeClaim": {"claimName": claim}},
         {
-            "name": "dshm",
+            "name": paths.VOLUME_SHM,
             "emptyDir": {"medium": "Memory", "sizeLimit": str(job.spec.resources.shm_size)},
         },
     ]
+    mounts: list[Obj] = [
+        {"name": paths.VOLUME_CONFIG, "mountPath": CONFIG_MOUNT, "readOnly": True},
+        {"name": paths.VOLUME_CHECKPOINTS, "mountPath": CHECKPOINT_MOUNT},
+        {"name": paths.VOLUME_SHM, "mountPath": paths.SHM_MOUNT},
+    ]
+    data = job.spec.data.volume if job.spec.data is not None else None
+    if data is not None:
+        _claim(
+            volumes,
+            mounts,
+            paths.VOLUME_DATA,
+            paths.DATA_MOUNT,
+            data.claim_name,
+            data.read_only,
+            data.sub_path,
+        )
+    init = job.spec.checkpoint.init
+    if init is not None and init.volume is not None:
+        v = init.volume
+        _claim(volumes, mounts, paths.VOLUME_INIT, paths.INIT_MOUNT, v.claim_name, True, v.sub_path)
+    return volumes, mounts
+
+
+def _claim(
+    volumes: list[Obj],
+    mounts: list[Obj],
+    name: str,
+    path: str,
+    claim: str,
+    read_only: bool,
+    sub_path: str | None,
+) -> None:
+    source: Obj = {"claimName": claim}
+    mount: Obj = {"name": name, "mountPath": path}
+    if read_only:
+        # Both: the claim's readOnly makes the kubelet mount it so, the mount's tells the runtime.
+        source["readOnly"] = mount["readOnly"] = True
+    if sub_path:
+        mount["subPath"] = sub_path
+    volumes.append({"name": name, "persistentVolumeClaim": source})
+    mounts.append(mount)
 
 
 def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
+    """One node's pod, with spec.template laid over it (core/overlay.py)."""
     s = job.spec
+    volumes, mounts = _volumes(job)
     caps: Obj = {"drop": ["ALL"]}
     if _needs_ipc_lock(job):
         caps["add"] = ["IPC_LOCK"]
@@ -310,11 +385,7 @@ def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
         "env": _env(job, plan, node_rank, attempt),
         "ports": [{"name": "rendezvous", "containerPort": DEFAULT_MASTER_PORT}],
         "resources": _resources(job, plan),
-        "volumeMounts": [
-            {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
-            {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-        ],
+        "volumeMounts": mounts,
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": caps,
@@ -342,7 +413,7 @@ def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
         },
         "affinity": _affinity(job),
         "containers": [container],
-        "volumes": _volumes(job),
+        "volumes": volumes,
     }
     if s.resources.node_selector:
         spec["nodeSelector"] = dict(s.resources.node_selector)
@@ -356,7 +427,8 @@ def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
     }
     meta = _meta(job, pod_name(job.name, node_rank, attempt), labels)
     meta["annotations"] = {ANNOTATION_LAYOUT: plan.layout_string()}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+    rendered = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+    return overlay(rendered, s.template)
 
 
 def pods(job: MegatronJob, plan: Plan, attempt: int) -> list[Obj]:

@@ -10,9 +10,11 @@ from __future__ import annotations
 from megatron_contract import paths
 from megatron_contract.config import (
     CheckpointConfig,
+    CommandConfig,
     HuggingFaceInit,
     InitConfig,
     JobInfo,
+    LaunchConfig,
     MegatronInit,
     ProgressConfig,
     TrainerConfig,
@@ -36,24 +38,28 @@ def _init(job: MegatronJob) -> InitConfig | None:
     )
 
 
-def trainer_config(job: MegatronJob, plan: Plan) -> TrainerConfig:
-    c = job.spec.checkpoint
-    return TrainerConfig(
-        job=JobInfo(job.name, job.namespace, job.metadata.uid),
-        model=plan.model,
-        parallelism=plan.degrees.config(),
-        training=plan.training,
-        data=plan.data,
-        checkpoint=CheckpointConfig(
-            dir=checkpoint_dir(job),
-            save_interval=c.save_interval,
-            async_save=c.async_,
-            keep=c.keep,
-            sharding_type=c.sharding_type,
-            load=True,
-            init=_init(job),
-        ),
-        resources=plan.resources,
-        progress=ProgressConfig(paths.PROGRESS_ANNOTATION, paths.PROGRESS_MIN_INTERVAL_SECONDS),
-        profiling=plan.profiling,
+def trainer_config(job: MegatronJob, plan: Plan) -> TrainerConfig | LaunchConfig:
+    """The built-in trainer's config, or with spec.trainer the command's (sections the spec
+    does not give are null). Fields in TrainerConfig's order."""
+    c, t = job.spec.checkpoint, job.spec.trainer
+    info = JobInfo(job.name, job.namespace, job.metadata.uid)
+    checkpoint = CheckpointConfig(
+        dir=checkpoint_dir(job),
+        save_interval=c.save_interval,
+        async_save=c.async_,
+        keep=c.keep,
+        sharding_type=c.sharding_type,
+        load=True,
+        init=_init(job),
+    )
+    progress = ProgressConfig(paths.PROGRESS_ANNOTATION, paths.PROGRESS_MIN_INTERVAL_SECONDS)
+    parallelism = plan.degrees.config()
+    m, tr, d = plan.model, plan.training, plan.data
+    if t is None and m is not None and tr is not None and d is not None:
+        return TrainerConfig(
+            info, m, parallelism, tr, d, checkpoint, plan.resources, progress, plan.profiling, None
+        )
+    command = CommandConfig(tuple(t.command), tuple(t.args)) if t is not None else None
+    return LaunchConfig(
+        info, m, parallelism, tr, d, checkpoint, plan.resources, progress, plan.profiling, command
     )

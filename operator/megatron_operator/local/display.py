@@ -19,7 +19,7 @@ def _fmt(value: object, spec: str) -> str:
 class Display:
     """Plain lines (no redraw): for pipes, CI logs and files."""
 
-    def __init__(self, job: str, train_iters: int, stream: TextIO | None = None) -> None:
+    def __init__(self, job: str, train_iters: int | None, stream: TextIO | None = None) -> None:
         self.job = job
         self.train_iters = train_iters
         self.stream = stream or sys.stdout
@@ -31,10 +31,14 @@ class Display:
         if isinstance(rec.get("checkpointIteration"), int):
             self.checkpoint = rec["checkpointIteration"]
         return (
-            f"[attempt {self.attempt}] iteration {rec['iteration']}/{self.train_iters}  "
+            f"[attempt {self.attempt}] iteration {self.of(rec['iteration'])}  "
             f"loss {_fmt(rec.get('loss'), '.4f')}  tokens/s {_fmt(rec.get('tokensPerSecond'), '.0f')}  "
             f"checkpoint {self.checkpoint if self.checkpoint is not None else '-'}"
         )
+
+    def of(self, iteration: object) -> str:
+        """`12/60`, or `12` when the total is not known (a trainer.command without training)."""
+        return f"{iteration}/{self.train_iters}" if self.train_iters else str(iteration)
 
     def progress(self, rec: dict[str, Any]) -> None:
         print(self.line(rec), file=self.stream, flush=True)
@@ -52,7 +56,7 @@ class Display:
 class LiveDisplay(Display):
     """A panel redrawn in place on a terminal, with the event log above it."""
 
-    def __init__(self, job: str, train_iters: int) -> None:
+    def __init__(self, job: str, train_iters: int | None) -> None:
         super().__init__(job, train_iters)
         self.console = Console()
         self.latest: dict[str, Any] | None = None
@@ -69,14 +73,14 @@ class LiveDisplay(Display):
         done = rec.get("iteration", 0)
         table.add_row(
             str(self.attempt),
-            f"{done}/{self.train_iters}",
+            self.of(done),
             _fmt(rec.get("loss"), ".4f"),
             _fmt(rec.get("tokensPerSecond"), ".0f"),
             str(self.checkpoint) if self.checkpoint is not None else "-",
             f"{time.monotonic() - self.started:.0f}s",
         )
         width = 30
-        filled = int(width * min(done / max(self.train_iters, 1), 1.0))
+        filled = int(width * min(done / max(self.train_iters or done or 1, 1), 1.0))
         bar = Text("█" * filled + "░" * (width - filled), style="green")
         return Group(table, bar)
 
@@ -98,7 +102,7 @@ class LiveDisplay(Display):
         self.live.stop()
 
 
-def make_display(job: str, train_iters: int) -> Display:
+def make_display(job: str, train_iters: int | None) -> Display:
     if sys.stdout.isatty():
         return LiveDisplay(job, train_iters)
     return Display(job, train_iters)
