@@ -125,8 +125,11 @@ def test_the_renderer_sets_exactly_the_reserved_env() -> None:
     }
     volumes = load_file(
         ROOT / "examples" / "cpu-tiny.yaml",
-        ["data.volume.claimName=data", "checkpoint.init.volume.claimName=weights",
-         "checkpoint.init.huggingFace.path=/mnt/init/llama"],
+        [
+            "data.volume.claimName=data",
+            "checkpoint.init.volume.claimName=weights",
+            "checkpoint.init.huggingFace.path=/mnt/init/llama",
+        ],
     )
     with_volumes = next(o for o in render(volumes, plan(volumes.spec)) if o["kind"] == "Pod")
     names = {e["name"] for e in with_volumes["spec"]["containers"][0]["env"]}

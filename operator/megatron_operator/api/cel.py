@@ -509,7 +509,7 @@ def _label_keys(prefixes: tuple[str, ...], what: str) -> list[dict[str, str]]:
     ]
 
 
-_TRAINER = f"self.name != {_lit(TRAINER_CONTAINER)}"
+_TRAINER = f"(self.name != {_lit(TRAINER_CONTAINER)})"  # true for any other container
 _CONTAINER_FIELDS = [
     f.alias or n for n, f in Container.model_fields.items() if (f.alias or n) not in TRAINER_ALLOWED
 ]
@@ -566,7 +566,7 @@ TEMPLATE_RULES: Final[dict[str, list[dict[str, str]]]] = {
     ],
     "spec.template.spec.containers[]": [
         rule(
-            f"!{_TRAINER} || has(self.image)",
+            f"self.name == {_lit(TRAINER_CONTAINER)} || has(self.image)",
             "a sidecar container needs an image",
             ".image",
             "FieldValueRequired",

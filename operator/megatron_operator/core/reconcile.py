@@ -217,6 +217,8 @@ class _Machine:
                     "spec", f"the apiserver rejected the pods rendered from it: {self.w.rejection}"
                 )
             ]
+            # The apiserver's own words, as for any refusal (a template's field it validates).
+            self.cond(C.CREATE_FAILURE, True, Reason.FAILED_CREATE, self.w.rejection[:1000])
         if job is None or p is None or errors:
             self.invalid(errors)
             return self.done()
