@@ -34,6 +34,7 @@ GPT_TINY: dict[str, Any] = {
     "resources": {"accelerator": "none", "nodes": 1, "procsPerNode": 1},
     "progress": {"annotation": "megatron.dev/progress", "minIntervalSeconds": 10},
     "profiling": None,
+    "trainer": None,
 }  # fmt: skip
 
 

@@ -17,22 +17,34 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
-from megatron_contract.config import load_config
+from megatron_contract import env as contract_env
+from megatron_contract.config import (
+    LaunchConfig,
+    parse_config,
+    parse_launch_config,
+    read_config,
+)
 from megatron_contract.env import RuntimeEnv, runtime_env
 from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
+from megatron_contract.expansion import expand_all
 from megatron_contract.paths import TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 
 from .decisions import CUDA_DEVICE_MAX_CONNECTIONS, cuda_env_defaults
-from .signals import LAUNCHER_PID_ENV
-from .validate import validate
+from .forward import Forwarder, progress_log_path
+from .progress import LeaseWriter, ProgressReporter
+from .validate import validate, validate_launch
+
+# A rank's argv from its env: the built-in worker's is fixed, a trainer.command's is expanded.
+RankCommand = Callable[[Mapping[str, str]], list[str]]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -64,15 +76,18 @@ def rank_env(
     parallel: tuple[int, int] = (1, 1),
 ) -> dict[str, str]:
     """The environment of one local rank. `parallel` is (tensor, context) parallel size."""
+    e = contract_env
     child = dict(environ)
     child.update(
-        RANK=str(env.global_rank(local_rank)),
-        LOCAL_RANK=str(local_rank),
-        LOCAL_WORLD_SIZE=str(env.nproc_per_node),
-        GROUP_RANK=str(env.node_rank),
-        PYTHONUNBUFFERED="1",
+        {
+            e.RANK: str(env.global_rank(local_rank)),
+            e.LOCAL_RANK: str(local_rank),
+            e.LOCAL_WORLD_SIZE: str(env.nproc_per_node),
+            e.GROUP_RANK: str(env.node_rank),
+            "PYTHONUNBUFFERED": "1",
+            e.LAUNCHER_PID: str(os.getpid()),
+        }
     )
-    child[LAUNCHER_PID_ENV] = str(os.getpid())
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     defaults = cuda_env_defaults(*parallel, cores or 1, env.nproc_per_node)
     if cpu:
@@ -88,13 +103,13 @@ class Supervisor:
         self,
         env: RuntimeEnv,
         cpu: bool,
-        command: Sequence[str],
+        command: Sequence[str] | RankCommand,
         parallel: tuple[int, int] = (1, 1),
     ) -> None:
         self.env = env
         self.cpu = cpu
         self.parallel = parallel
-        self.command = list(command)
+        self.command = command
         self.ranks: dict[int, subprocess.Popen[bytes]] = {}
         self.codes: dict[int, int] = {}
         self.first_failure: int | None = None
@@ -103,14 +118,20 @@ class Supervisor:
     def start(self) -> None:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         for local_rank in range(self.env.nproc_per_node):
+            env = rank_env(os.environ, self.env, local_rank, self.cpu, self.parallel)
             proc = subprocess.Popen(
-                self.command,
-                env=rank_env(os.environ, self.env, local_rank, self.cpu, self.parallel),
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - the launcher is single-threaded
+                self.argv(env),
+                env=env,
+                # The ranks start before any thread of the launcher (the progress forwarder and
+                # its Lease writer start after), so the fork cannot inherit a held lock.
+                preexec_fn=_die_with_parent,  # noqa: PLW1509
             )
             self.ranks[proc.pid] = proc
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._forward)
+
+    def argv(self, env: Mapping[str, str]) -> list[str]:
+        return self.command(env) if callable(self.command) else list(self.command)
 
     def _forward(self, signum: int, frame: FrameType | None) -> None:
         self.terminating = True
@@ -253,25 +274,91 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.CONFIG
     try:
         env = runtime_env(os.environ)
-        config = load_config(env.config_path)
-        validate(config, env)
-        _check_writable(config.checkpoint.dir)
+        config = check(env)
     except ConfigError as err:
         print(f"megatron_trainer: {err}", file=sys.stderr, flush=True)
         write_termination_message(str(err))
         return ExitCode.CONFIG
+    what = f"of {' '.join(config.trainer.command)}" if config.trainer else "on " + config.platform
     print(
         f"megatron_trainer: job {config.job.name} node {env.node_rank}/{env.nnodes}: starting "
-        f"{env.nproc_per_node} rank(s) on {config.platform} (world size {env.world_size}, "
+        f"{env.nproc_per_node} rank(s) {what} (world size {env.world_size}, "
         f"restart attempt {env.restart_attempt})",
         file=sys.stderr,
         flush=True,
     )
+    progress_log = set_progress_log(config)
     supervisor = Supervisor(
         env,
         config.platform == "cpu",
-        [sys.executable, "-m", "megatron_trainer.worker"],
+        rank_command(config),
         (config.parallelism.tensor, config.parallelism.context),
     )
     supervisor.start()
-    return supervisor.wait()
+    forwarder = forward_progress(config, env, progress_log)
+    try:
+        return supervisor.wait()
+    finally:
+        if forwarder is not None:
+            forwarder.close()
+
+
+def check(env: RuntimeEnv) -> LaunchConfig:
+    """Everything checkable before a rank starts: the config against the env, the layout rules,
+    the checkpoint directory, and a trainer.command's executable. Raises ConfigError."""
+    data = read_config(env.config_path)
+    config = parse_launch_config(data)
+    if config.trainer is None:
+        validate(parse_config(data), env)  # the built-in trainer: every section, every path
+    else:
+        validate_launch(config, env)
+        _check_executable(rank_command(config), env)
+    _check_writable(config.checkpoint.dir)
+    return config
+
+
+def rank_command(config: LaunchConfig) -> Sequence[str] | RankCommand:
+    """The built-in worker, or spec.trainer.command with its args, $(VAR) expanded per rank."""
+    if config.trainer is None:
+        return [sys.executable, "-m", "megatron_trainer.worker"]
+    argv = (*config.trainer.command, *config.trainer.args)
+    return lambda rank_env: expand_all(argv, rank_env)
+
+
+def _check_executable(command: Sequence[str] | RankCommand, env: RuntimeEnv) -> None:
+    argv = command(rank_env(os.environ, env, 0, True)) if callable(command) else list(command)
+    program = argv[0]
+    found = os.access(program, os.X_OK) if "/" in program else shutil.which(program) is not None
+    if not found:
+        raise ConfigError(
+            [
+                f"trainer.command: {program!r} is not an executable in this image (PATH "
+                f"{os.environ.get('PATH', '')!r}, working directory {os.getcwd()!r})"
+            ]
+        )
+
+
+def set_progress_log(config: LaunchConfig) -> str | None:
+    """For a trainer.command: the file every rank gets as MEGATRON_PROGRESS_LOG (rank_env copies
+    the launcher's env). None for the built-in trainer, which reports its own progress."""
+    if config.trainer is None:
+        return None
+    path = progress_log_path()
+    os.environ[contract_env.PROGRESS_LOG] = path
+    return path
+
+
+def forward_progress(config: LaunchConfig, env: RuntimeEnv, path: str | None) -> Forwarder | None:
+    """On node 0, forward what the ranks append to the progress log as the job's progress
+    (forward.py); started once the ranks are (it is a thread)."""
+    if path is None or env.node_rank != 0:
+        return None
+    lease = None
+    if env.progress_lease:
+        lease = LeaseWriter.in_cluster(
+            env.pod_namespace, env.pod_name, env.progress_lease, config.progress.annotation
+        )
+    reporter = ProgressReporter(
+        True, env.progress_file, lease, config.progress.min_interval_seconds, env.restart_attempt
+    )
+    return Forwarder(path, reporter).start()

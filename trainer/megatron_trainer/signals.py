@@ -14,11 +14,9 @@ import sys
 import time
 from types import FrameType
 
-from megatron_contract.env import FailureInjection
+from megatron_contract.env import LAUNCHER_PID, FailureInjection
 
 log = logging.getLogger(__name__)
-
-LAUNCHER_PID_ENV = "MEGATRON_LAUNCHER_PID"
 
 
 class StopFlag:
@@ -52,7 +50,7 @@ def inject_failures(
         sys.stderr.flush()
         if injection.signal == "KILL":
             os.kill(os.getpid(), signal.SIGKILL)
-        launcher = int(os.environ.get(LAUNCHER_PID_ENV, "0") or 0)
+        launcher = int(os.environ.get(LAUNCHER_PID, "0") or 0)
         os.kill(launcher or os.getpid(), signal.SIGTERM)
         deadline = time.monotonic() + 30.0
         while not stop.requested and time.monotonic() < deadline:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from megatron_contract.config import TrainerConfig
+from megatron_contract.config import LaunchConfig, TrainerConfig
 from megatron_contract.env import RuntimeEnv
 from megatron_contract.errors import ConfigError
 from megatron_contract.rules import check_config
@@ -34,7 +34,15 @@ def validate(
         raise ConfigError(problems)
 
 
-def _env_problems(config: TrainerConfig, env: RuntimeEnv) -> list[str]:
+def validate_launch(config: LaunchConfig, env: RuntimeEnv) -> None:
+    """A trainer.command's config: the layout rules over the sections it has, and the env. The
+    paths are the command's business (it may read data its own way)."""
+    problems = [str(p) for p in check_config(config)] + _env_problems(config, env)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _env_problems(config: TrainerConfig | LaunchConfig, env: RuntimeEnv) -> list[str]:
     res, problems = config.resources, []
     if env.nnodes != res.nodes:
         problems.append(f"NNODES ({env.nnodes}) differs from resources.nodes ({res.nodes})")

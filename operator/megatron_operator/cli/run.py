@@ -108,8 +108,9 @@ def _print_summary(summary: dict[str, Any], code: int) -> None:
         f"  iterations:    {summary['iterations']}",
         f"  final loss:    {loss:.6f}" if isinstance(loss, float) else "  final loss:    -",
         f"  checkpoints:   {summary['checkpointDir']} {summary['checkpoints']}",
-        f"  tensorboard:   {summary['tensorboardDir']}",
     ]
+    if Path(summary["tensorboardDir"]).is_dir():  # the built-in trainer's
+        lines.append(f"  tensorboard:   {summary['tensorboardDir']}")
     if "lossCurve" in summary:
         lines.append(f"  loss curve:    {summary['lossCurve']}")
     lines.append(f"  summary:       {Path(summary['workdir']) / 'summary.json'}")

@@ -68,26 +68,22 @@ def check_ranks(injections: list[Injection], world_size: int) -> None:
 
 
 def rank_pids(roots: list[int]) -> dict[int, int]:
-    """Global rank → PID of the trainer's rank processes under these pod processes."""
+    """Global rank → PID of the rank processes under these pod processes: the launcher's own
+    children (the built-in worker, or a trainer.command), each with its RANK."""
     import psutil
 
     found: dict[int, int] = {}
     for root in roots:
         try:
-            children = psutil.Process(root).children(recursive=True)
+            children = psutil.Process(root).children(recursive=False)
         except psutil.NoSuchProcess:
             continue
         for child in children:
             try:
-                cmd = child.cmdline()
                 rank = child.environ().get("RANK")
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            if (
-                rank is not None
-                and rank.isdigit()
-                and any("megatron_trainer.worker" in c for c in cmd)
-            ):
+            if rank is not None and rank.isdigit():
                 found.setdefault(int(rank), child.pid)
     return found
 

@@ -9,12 +9,13 @@ loopback, the checkpoint volume a directory, the mounted ConfigMap a file.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from megatron_contract.env import PROGRESS_LEASE
-from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY
+from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY, DATA_MOUNT, INIT_MOUNT
 
 
 @dataclass(frozen=True)
@@ -54,16 +55,31 @@ class Layout:
     def logs(self, attempt: int) -> Path:
         return self.workdir / "logs" / f"attempt-{attempt}"
 
+    def mounts(self) -> dict[str, Path]:
+        """The pod's volume mounts as workdir directories: the checkpoint volume, and the data
+        and init claims, which a local run cannot mount (put the files there)."""
+        return {
+            CHECKPOINT_MOUNT: self.checkpoints,
+            DATA_MOUNT: self.workdir / "data",
+            INIT_MOUNT: self.workdir / "init",
+        }
+
+    def local_path(self, value: str) -> str:
+        """`value` with a pod mount path at its start replaced by its local directory."""
+        for mount, local in self.mounts().items():
+            if value == mount or value.startswith(mount + "/"):
+                return str(local) + value[len(mount) :]
+        return value
+
 
 def local_config(objs: list[dict[str, Any]], layout: Layout) -> dict[str, Any]:
     """The ConfigMap's trainer config with the volume path mapped to the workdir. Progress is
     reported every step locally: the summary keeps one loss per iteration."""
     cm = next(o for o in objs if o["kind"] == "ConfigMap")
     config: dict[str, Any] = json.loads(cm["data"][CONFIG_KEY])
-    ckpt = config["checkpoint"]["dir"]
-    if ckpt.startswith(CHECKPOINT_MOUNT):
-        config["checkpoint"]["dir"] = str(layout.checkpoints) + ckpt[len(CHECKPOINT_MOUNT) :]
-    config["training"]["logInterval"] = 1
+    config["checkpoint"]["dir"] = layout.local_path(config["checkpoint"]["dir"])
+    if config.get("training"):  # a trainer.command job may have no training section
+        config["training"]["logInterval"] = 1
     return config
 
 
@@ -88,12 +104,14 @@ def local_pods(
         for item in container.get("env", []):
             value = _env_value(item, pod)
             if value is not None:
-                env[item["name"]] = value
+                env[item["name"]] = layout.local_path(value)
         env.update(
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             MEGATRON_CONFIG=str(layout.config),
             MEGATRON_PROGRESS_FILE=str(layout.progress),
+            # A trainer.command's `python` is this environment's, as the launcher's is.
+            PATH=os.pathsep.join([str(Path(python).parent), os.environ.get("PATH", "")]),
         )
         # No apiserver here: progress goes to the file, which the runner follows.
         env.pop(PROGRESS_LEASE, None)

@@ -299,7 +299,8 @@ class LocalRunner:
             "iterations": latest,
             "finalLoss": losses.get(latest),
             "losses": [[i, losses[i]] for i in sorted(losses)],
-            "checkpoints": complete_checkpoints(ckpt_dir),
+            # Megatron-LM layout directories; for a trainer.command, the steps it reported.
+            "checkpoints": complete_checkpoints(ckpt_dir) or sorted(self.progress.checkpoints),
             "reason": result.reason,
             "message": result.message,
             "job": self.job.name,

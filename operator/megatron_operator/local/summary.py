@@ -18,6 +18,7 @@ class ProgressLog:
     offset: int = 0
     losses: dict[int, float] = field(default_factory=dict)  # iteration → newest loss
     latest: dict[str, Any] | None = None
+    checkpoints: set[int] = field(default_factory=set)  # the checkpoint steps reported
 
     def read_new(self) -> list[dict[str, Any]]:
         try:
@@ -42,6 +43,9 @@ class ProgressLog:
                 if isinstance(loss, (int, float)):
                     # A step recomputed after a resume replaces its earlier value.
                     self.losses[rec["iteration"]] = float(loss)
+                step = rec.get("checkpointIteration")
+                if isinstance(step, int):
+                    self.checkpoints.add(step)
                 self.latest = rec
         return records
 
