@@ -45,7 +45,15 @@ VENV = "/opt/venv"
 REPO_PREFIX = "localhost/megatron-operator"
 
 # What goes into the operator and trainer images (the build context after .dockerignore).
-CONTEXT = ("pyproject.toml", "README.md", ".dockerignore", "operator", "trainer", "images")
+CONTEXT = (
+    "pyproject.toml",
+    "README.md",
+    ".dockerignore",
+    "operator",
+    "trainer",
+    "images",
+    "examples/scripts",
+)
 SKIP_PARTS = {"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 
 

@@ -43,7 +43,8 @@ class Forwarder:
     def close(self) -> None:
         """Forward what the file holds now, then stop (the reporter flushes its Lease write)."""
         self.stopping.set()
-        self.thread.join(timeout=5.0)
+        if self.thread.is_alive():
+            self.thread.join(timeout=5.0)
         self.read()
         self.reporter.close()
 
