@@ -139,4 +139,10 @@ class Sim:
         self.lease["spec"] = {"holderIdentity": "job-0", "renewTime": when}
 
     def attempts(self) -> set[str]:
-        return {p["metadata"]["labels"]["megatron.dev/restart-attempt"] for p in self.pods.values()}
+        """The attempts of the pods, but for the failed ones kept for their logs."""
+        kept = set(self.status.get("keptPods") or [])
+        return {
+            p["metadata"]["labels"]["megatron.dev/restart-attempt"]
+            for name, p in self.pods.items()
+            if name not in kept
+        }

@@ -59,22 +59,25 @@ def test_gang_restart_after_backoff() -> None:
         1,
         1,
     )
-    # every pod of the attempt goes, the failed one too
-    assert sorted(out.delete_pods) == ["job-a0-0", "job-a0-1", "job-a0-2", "job-a0-3"]
+    # every pod of the attempt goes but the failed one, kept (Failed, holding nothing) for its
+    # logs: restartPolicy.keepFailedPods is 1 by default
+    assert sorted(out.delete_pods) == ["job-a0-0", "job-a0-1", "job-a0-3"]
+    assert st["keptPods"] == ["job-a0-2"]
     assert st["lastFailure"]["pod"] == "job-a0-2" and st["lastFailure"]["exitCode"] == 1
     assert any(c["type"] == "Restarting" and c["status"] == "True" for c in st["conditions"])
     assert any(reason == "Restarting" for reason, _ in sim.events)
     sim.finish_deletions()
-    assert sim.pods == {}
-    sim.step()  # all gone: the backoff starts now
+    assert list(sim.pods) == ["job-a0-2"]
+    sim.step()  # all the others gone: the backoff starts now
     assert sim.status["restartAt"] == format_time(sim.now + timedelta(seconds=10))
-    assert sim.pods == {}
+    assert list(sim.pods) == ["job-a0-2"]
     sim.tick(9)
     sim.step()
-    assert sim.pods == {}
+    assert list(sim.pods) == ["job-a0-2"]
     sim.tick(2)
     sim.step()
-    assert sim.attempts() == {"1"} and len(sim.pods) == 4
+    assert sim.attempts() == {"1"} and len(sim.pods) == 5
+    assert sim.pods["job-a0-2"]["status"]["phase"] == "Failed"  # still there, after the restart
     assert sim.status["phase"] == "Pending"
 
 
@@ -89,7 +92,9 @@ def test_max_restarts_fails_and_frees_every_gpu() -> None:
     sim.fail("job-a1-1")
     sim.settle()
     assert sim.status["phase"] == "Failed"
-    assert sim.pods == {}
+    # Only the last failed attempt's pod is left (keepFailedPods: 1), Failed: it holds nothing.
+    assert list(sim.pods) == ["job-a1-1"] and sim.status["keptPods"] == ["job-a1-1"]
+    assert sim.pods["job-a1-1"]["status"]["phase"] == "Failed"
     failed = next(c for c in sim.status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "MaxRestartsExceeded"
 
@@ -101,7 +106,7 @@ def test_config_error_exit_code_fails_without_retry() -> None:
     sim.settle()
     assert sim.status["phase"] == "Failed"
     assert sim.status["restarts"] == 0
-    assert sim.pods == {}
+    assert list(sim.pods) == ["job-a0-1"]  # kept for `kubectl logs`: why the config is bad
 
 
 def test_disruption_restarts_without_counting() -> None:
@@ -355,7 +360,9 @@ def test_a_spec_the_apiserver_rejects_fails_with_its_reason() -> None:
 
 
 def test_each_attempt_has_new_pod_names_and_deletes_carry_uids() -> None:
-    sim = _sim({"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0}})
+    sim = _sim(
+        {"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0, "keepFailedPods": 0}}
+    )
     _running(sim)
     old = {n: p["metadata"]["uid"] for n, p in sim.pods.items()}
     sim.fail("job-a0-1")
@@ -446,7 +453,16 @@ def test_network_policy_only_when_the_operator_is_told() -> None:
 
 
 def test_uncounted_restarts_are_recorded_and_count_past_the_cap() -> None:
-    sim = _sim({"restartPolicy": {"maxRestarts": 100, "backoffSeconds": 0, "maxBackoffSeconds": 0}})
+    sim = _sim(
+        {
+            "restartPolicy": {
+                "maxRestarts": 100,
+                "backoffSeconds": 0,
+                "maxBackoffSeconds": 0,
+                "keepFailedPods": 0,
+            }
+        }
+    )
     _running(sim)
     for i in range(MAX_UNCOUNTED_PER_HOUR + 1):
         rank0 = next(n for n in sim.pods if n.endswith("-0"))

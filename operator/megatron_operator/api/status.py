@@ -36,6 +36,10 @@ class ConditionType(StrEnum):
     CREATE_FAILURE = "CreateFailure"
     CHILDREN_OWNED = "ChildrenOwned"  # False: an object with a child's name is someone else's
     ADMITTED = "Admitted"  # Kueue admitted the job's Workload (queued jobs only)
+    # False while a pod of the attempt cannot start: an image that cannot be pulled, a missing
+    # Secret or ConfigMap, a container the runtime cannot create, or long unschedulable; the
+    # reason is the kubelet's or the scheduler's, the message names the pod and quotes it.
+    PODS_STARTED = "PodsStarted"
 
 
 class Reason(StrEnum):
@@ -65,6 +69,9 @@ class Reason(StrEnum):
     EVICTED = "Evicted"  # Kueue took the quota back (preemption, deactivation, ...)
     ADMISSION_CONFLICT = "AdmissionConflict"  # the admitted flavor contradicts the job's pods
     FORCE_DELETED = "ForceDeleted"  # a pod on a lost node, whose kubelet cannot finish its delete
+    ALL_PODS_STARTED = "AllPodsStarted"
+    STARTING = "Starting"  # no pod reports a problem; not all are Running yet
+    ATTEMPT_FAILED = "AttemptFailed"  # one event per failed attempt, naming every failed rank
 
 
 class EventType(StrEnum):
@@ -150,4 +157,10 @@ class MegatronJobStatus(ApiModel):
     )
     flavors: list[str] | None = Field(
         None, description="Kueue ResourceFlavors of the admission, while admitted."
+    )
+    kept_pods: list[str] | None = Field(
+        None,
+        max_length=16,
+        description="Failed pods kept for their logs (restartPolicy.keepFailedPods), oldest "
+        "first: `kubectl logs` of one shows why its attempt failed.",
     )

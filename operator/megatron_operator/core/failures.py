@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from megatron_operator.api.spec import FailureReason
 from megatron_operator.core.observe import PodView, format_time
-from megatron_operator.core.policy import Failure
+from megatron_operator.core.policy import Failure, first_failure
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,9 @@ def detail(x: PodView) -> str:
 
 def classify(x: PodView, nodes: Nodes, now: datetime) -> tuple[Failure | None, datetime | None]:
     """The pod's failure, if any, and when to look again (a node's grace ending)."""
-    if x.phase == "Succeeded":
+    if x.succeeded:
         return None, None
-    if x.phase == "Failed":
+    if x.phase == "Failed" or (x.trainer_exited and x.exit_code != 0 and not x.deleting):
         return Failure(failed_reason(x), x.exit_code, x.name, x.node, detail(x)), None
     if x.deleting:
         reason: FailureReason = failed_reason(x) if x.disruption else "PodDeleted"
@@ -89,3 +89,101 @@ def classify(x: PodView, nodes: Nodes, now: datetime) -> tuple[Failure | None, d
         return None, lost_at
     message = f"node {x.node} NotReady since {format_time(since)}"
     return Failure("NodeLost", None, x.name, x.node, message), None
+
+
+# A pod the scheduler cannot place this long is worth a condition of its own: a gang that waits
+# for capacity says so at once (PodsScheduled), one that will not fit says it loudly.
+UNSCHEDULABLE_LONG_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class StartupProblem:
+    """Why a pod of the attempt does not start: the kubelet's or the scheduler's words."""
+
+    reason: str  # ImagePullBackOff, ErrImagePull, …, or Unschedulable
+    message: str  # names the pod and quotes the kubelet's or the scheduler's message
+
+
+def startup_problem(x: PodView, now: datetime) -> tuple[StartupProblem | None, datetime | None]:
+    """The pod's problem starting, if any, and when to look again (unschedulable turning long)."""
+    where = f"pod {x.name}" + (f" on {x.node}" if x.node else "")
+    if x.waiting is not None:
+        reason, message = x.waiting
+        return StartupProblem(reason, f"{where}: {reason}: {message}"), None
+    if x.unschedulable is not None and x.phase == "Pending" and not x.deleting:
+        since = x.unschedulable_since or now
+        long_at = since + timedelta(seconds=UNSCHEDULABLE_LONG_SECONDS)
+        if now < long_at:
+            return None, long_at
+        waited = int((now - since).total_seconds())
+        return StartupProblem(
+            "Unschedulable", f"{where}: unschedulable for {waited}s: {x.unschedulable}"
+        ), None
+    return None, None
+
+
+def startup_timeout(
+    pods: list[PodView], timeout: float, now: datetime
+) -> tuple[Failure | None, datetime | None]:
+    """A gang not Running `timeout` seconds after its first pod was scheduled (from then on it
+    holds GPUs): the failure, naming the pod that keeps it waiting; else when to look again."""
+    scheduled = [x.scheduled_at for x in pods if x.scheduled_at is not None]
+    if timeout <= 0 or not scheduled:
+        return None, None
+    first = min(scheduled)
+    deadline = first + timedelta(seconds=timeout)
+    if now < deadline:
+        return None, deadline
+    waiting = [x for x in pods if x.phase != "Running" and not x.succeeded]
+    stuck = next((x for x in waiting if x.waiting is not None), waiting[0] if waiting else None)
+    why = ""
+    if stuck is not None:
+        problem, _ = startup_problem(stuck, now)
+        why = f": {problem.message}" if problem else f": pod {stuck.name} is {stuck.phase}"
+    message = (
+        f"not every pod was Running {int(timeout)}s after the first was scheduled "
+        f"(startupTimeoutSeconds){why}"
+    )
+    pod = stuck or pods[0]
+    return Failure("StartupTimeout", None, pod.name, pod.node, message), None
+
+
+# The evidence event of a failed attempt stays readable and bounded, whatever the gang's size:
+# an event's message is capped at 1024 characters, so the first pods get their details (node,
+# exit code, last log lines), the next ones their names, and the rest a count.
+REPORT_DETAILED = 3
+REPORT_PER_POD = 230
+REPORT_NAMED = 12
+
+
+def attempt_report(attempt: int, failures: list[Failure]) -> str:
+    """Every failed pod of the attempt, the cause first: pod, node, exit code and its last log
+    lines (the termination message, which falls back to the log's tail), within the cap."""
+    cause = first_failure(failures)
+    ordered = sorted(failures, key=lambda f: (f is not cause, _natural(f.pod or "")))
+    parts = []
+    for f in ordered[:REPORT_DETAILED]:
+        what = f.message  # detail(): "pod … on … exited … (…): its last lines"
+        if not what.startswith("pod "):
+            where = (f.pod or "a pod") + (f" on {f.node}" if f.node else "")
+            what = f"{where} ({f.reason}): {f.message}" if f.message else f"{where} ({f.reason})"
+        parts.append(what if len(what) <= REPORT_PER_POD else what[: REPORT_PER_POD - 1] + "…")
+    named = ordered[REPORT_DETAILED : REPORT_DETAILED + REPORT_NAMED]
+    if named:
+        parts.append(
+            "also "
+            + ", ".join(
+                f"{f.pod or 'a pod'}"
+                + (f" (exit {f.exit_code})" if f.exit_code is not None else "")
+                for f in named
+            )
+        )
+    more = len(ordered) - REPORT_DETAILED - REPORT_NAMED
+    tail = f"; and {more} more" if more > 0 else ""
+    return f"attempt {attempt}: {len(ordered)} pod(s) failed: " + "; ".join(parts) + tail
+
+
+def _natural(name: str) -> tuple[str, int]:
+    """job-a3-10 after job-a3-9: the node rank sorts as a number."""
+    head, _, tail = name.rpartition("-")
+    return (head, int(tail)) if tail.isdigit() else (name, -1)

@@ -58,6 +58,7 @@ class JobStatus:
     local_queue: str | None = None
     cluster_queue: str | None = None
     flavors: list[str] | None = None
+    kept_pods: list[str] | None = None  # failed pods kept for their logs, oldest first
     extra: dict[str, Any] = field(default_factory=dict)  # keys we do not know, kept as they were
 
     @classmethod
@@ -93,6 +94,7 @@ class JobStatus:
             local_queue=_text(doc.get("localQueue")),
             cluster_queue=_text(doc.get("clusterQueue")),
             flavors=_texts(doc.get("flavors")),
+            kept_pods=_texts(doc.get("keptPods")),
             extra={k: copy.deepcopy(v) for k, v in doc.items() if k not in known},
         )
 

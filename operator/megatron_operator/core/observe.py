@@ -122,11 +122,22 @@ class PodView:
     owner_uid: str | None = None  # uid of the controller ownerReference: whose pod it is
     ready: bool = False  # the Ready condition is True (Kueue's PodsReady counts these)
     terminated_message: str | None = None  # the container's termination message (its why)
+    trainer_exited: bool = False  # the trainer container terminated (sidecars may still run)
+    # A container that cannot start: (the kubelet's reason, "container: its message").
+    waiting: tuple[str, str] | None = None
+    scheduled_at: datetime | None = None  # when the scheduler bound it (PodScheduled True)
+    unschedulable_since: datetime | None = None  # PodScheduled False, Unschedulable, since
 
     @property
     def active(self) -> bool:
         """Holds (or may still hold) resources: not terminated."""
         return self.phase not in ("Succeeded", "Failed")
+
+    @property
+    def succeeded(self) -> bool:
+        """Its rank's work is done: the pod Succeeded, or its trainer exited 0 beside a sidecar
+        that still runs (the operator then stops the pod, as it stops every active one)."""
+        return self.phase == "Succeeded" or (self.trainer_exited and self.exit_code == 0)
 
 
 def _trainer_state(status: dict[str, Any]) -> tuple[int | None, str | None, str | None]:
@@ -148,6 +159,54 @@ def _message(term: dict[str, Any]) -> str | None:
         return None
     text = text.strip()[-TERMINATION_MESSAGE_MAX:]
     return " | ".join(line.strip() for line in text.splitlines()[-3:] if line.strip())
+
+
+# Container states that do not pass by themselves, or not soon (the kubelet retries them with a
+# backoff, and a gang holding GPUs meanwhile must say why). ContainerCreating and
+# PodInitializing are normal steps and are not listed.
+STUCK_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+
+
+def _waiting(status: dict[str, Any]) -> tuple[str, str] | None:
+    """The first container (init containers first) waiting for a reason that will not pass."""
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in status.get(key) or []:
+            state = cs.get("state") if isinstance(cs, dict) else None
+            waiting = state.get("waiting") if isinstance(state, dict) else None
+            if not isinstance(waiting, dict):
+                continue
+            reason = waiting.get("reason")
+            if isinstance(reason, str) and reason in STUCK_REASONS:
+                message = str(waiting.get("message") or reason)[:TERMINATION_MESSAGE_MAX]
+                return reason, f"container {cs.get('name')}: {message}"
+    return None
+
+
+def _condition_time(status: dict[str, Any], type_: str, value: str) -> datetime | None:
+    for cond in status.get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == type_ and cond.get("status") == value:
+            return parse_time(cond.get("lastTransitionTime"))
+    return None
+
+
+def _trainer_exited(status: dict[str, Any]) -> bool:
+    """The trainer container has terminated: its rank's result is in, even while an ordinary
+    sidecar of the template keeps the pod Running (and holding its GPUs)."""
+    for cs in status.get("containerStatuses") or []:
+        if isinstance(cs, dict) and cs.get("name") == CONTAINER_NAME:
+            state = cs.get("state")
+            return isinstance(state, dict) and isinstance(state.get("terminated"), dict)
+    return False
 
 
 def _unschedulable(status: dict[str, Any]) -> str | None:
@@ -203,6 +262,12 @@ def pod_view(raw: dict[str, Any]) -> PodView:
         uid=meta.get("uid"),
         owner_uid=controller_uid(meta),
         ready=_ready(status),
+        trainer_exited=_trainer_exited(status),
+        waiting=_waiting(status),
+        scheduled_at=_condition_time(status, "PodScheduled", "True"),
+        unschedulable_since=_condition_time(status, "PodScheduled", "False")
+        if _unschedulable(status)
+        else None,
     )
 
 

@@ -34,7 +34,14 @@ from megatron_operator.api import FieldError, MegatronJob, MegatronJobSpec, Spec
 from megatron_operator.api.status import ConditionType, EventType, Phase, Reason
 from megatron_operator.api.transitions import check_update
 from megatron_operator.core.conditions import reason_of, set_condition
-from megatron_operator.core.failures import Nodes, classify, node_lost
+from megatron_operator.core.failures import (
+    Nodes,
+    attempt_report,
+    classify,
+    node_lost,
+    startup_problem,
+    startup_timeout,
+)
 from megatron_operator.core.jobstatus import JobStatus
 from megatron_operator.core.names import pod_name
 from megatron_operator.core.observe import LeaseView, PodView, Progress, format_time, parse_time
@@ -173,6 +180,8 @@ class _Machine:
         delete --force` would: its process cannot save a checkpoint anyway, and a partitioned
         one can no longer reach its peers, which this attempt's delete has stopped."""
         for p in pods:
+            if self.kept(p):
+                continue
             if p.deleting and not node_lost(p.node, self.nodes, self.now):
                 since = self.nodes.not_ready.get(p.node or "")
                 if since is not None:  # look again when the node counts as lost
@@ -192,6 +201,26 @@ class _Machine:
                 self.out.delete_pods.append(p.name)
             if p.uid:
                 self.out.delete_uids[p.name] = p.uid
+
+    def kept(self, p: PodView) -> bool:
+        """A failed pod kept for its logs (restartPolicy.keepFailedPods): it holds nothing."""
+        return p.name in (self.st.kept_pods or []) and p.phase == "Failed" and not p.deleting
+
+    def keep(self, job: MegatronJob, failures: list[Failure], current: list[PodView]) -> None:
+        """Keep the failed attempt's first Failed pod (the cause's when it has one), dropping
+        the oldest kept pod past keepFailedPods; the next delete removes that one."""
+        limit = job.spec.restart_policy.keep_failed_pods
+        cause = first_failure(failures)
+        order = sorted(failures, key=lambda f: (f is not cause, f.pod or ""))
+        by_name = {x.name: x for x in current}
+        for f in order:
+            x = by_name.get(f.pod or "")
+            if limit > 0 and x is not None and x.phase == "Failed" and not x.deleting:
+                kept = [n for n in self.st.kept_pods or [] if n != x.name]
+                self.st.kept_pods = [*kept, x.name][-limit:]
+                return
+        if limit == 0:
+            self.st.kept_pods = None
 
     def mine(self, p: PodView) -> bool:
         """Controlled by this job: the controller ownerReference names its uid. Without a uid
@@ -300,7 +329,7 @@ class _Machine:
 
     def suspend(self) -> None:
         self.delete(self.pods)
-        left = len(self.pods)
+        left = len([x for x in self.pods if not self.kept(x)])
         message = f"waiting for {left} pods to stop" if left else "all pods stopped"
         if self.st.phase != Phase.SUSPENDED:
             self.st.phase = Phase.SUSPENDED
@@ -351,7 +380,7 @@ class _Machine:
         self.advance(p, n, current)
 
     def restart_wait_over(self, job: MegatronJob, stale: list[PodView]) -> bool:
-        if stale:
+        if any(not self.kept(x) for x in stale):
             return False  # step 2: wait until every pod of the failed attempt is gone
         start = parse_time(self.st.restart_at)
         if start is None:
@@ -413,6 +442,13 @@ class _Machine:
         hang = self.hang(job, current)
         if hang is not None:
             found.append(hang)
+        if self.st.phase != Phase.RUNNING and self.st.launched_attempt == n and not found:
+            timeout = job.spec.restart_policy.startup_timeout_seconds
+            late, look_again = startup_timeout(current, timeout, self.now)
+            if look_again is not None:
+                self.deadlines.append(look_again)
+            if late is not None:
+                found.append(late)
         return found
 
     def hang(self, job: MegatronJob, current: list[PodView]) -> Failure | None:
@@ -461,6 +497,12 @@ class _Machine:
             record["exitCode"] = cause.exit_code
         self.st.last_failure = record
         self.st.running_since = None
+        self.event(
+            EventType.WARNING,
+            Reason.ATTEMPT_FAILED,
+            attempt_report(self.st.restart_attempt, failures),
+        )
+        self.keep(job, failures, current)
         if decision.action == "Fail":
             reason = Reason.MAX_RESTARTS_EXCEEDED if decision.counted else Reason.FAILURE_POLICY
             self.finish(Phase.FAILED, reason, decision.message)
@@ -500,15 +542,38 @@ class _Machine:
                 C.PODS_SCHEDULED, True, Reason.ALL_PODS_SCHEDULED, f"{len(current)} pods placed"
             )
 
+    def starting(self, n: int, current: list[PodView], running: bool) -> None:
+        """PodsStarted: False with the kubelet's or scheduler's reason while a pod cannot
+        start (one event each time the reason changes), True once the gang runs."""
+        problems = []
+        for x in current:
+            problem, look_again = startup_problem(x, self.now)
+            if look_again is not None:
+                self.deadlines.append(look_again)
+            if problem is not None:
+                problems.append(problem)
+        before = reason_of(self.st.conditions, C.PODS_STARTED)
+        if problems:
+            first = problems[0]
+            more = f" (and {len(problems) - 1} more pods)" if len(problems) > 1 else ""
+            self.cond(C.PODS_STARTED, False, first.reason, (first.message + more)[:1000])
+            if before != first.reason:
+                self.event(EventType.WARNING, first.reason, first.message + more)
+        elif running:
+            self.cond(C.PODS_STARTED, True, Reason.ALL_PODS_STARTED, f"attempt {n} is running")
+        elif before is not None and before != Reason.STARTING:
+            self.cond(C.PODS_STARTED, False, Reason.STARTING, "the pods are starting")
+
     def advance(self, p: Plan, n: int, current: list[PodView]) -> None:
         self.scheduling(current)
         launched = self.st.launched_attempt == n and len(current) == p.nodes
         if launched and reason_of(self.st.conditions, C.CHILDREN_OWNED) == Reason.CHILD_CONFLICT:
             self.cond(C.CHILDREN_OWNED, True, Reason.CHILDREN_CREATED, "every child is the job's")
-        if launched and all(x.phase == "Succeeded" for x in current):
+        if launched and all(x.succeeded for x in current):
             self.finish(Phase.SUCCEEDED, Reason.COMPLETED, f"all {p.nodes} pods exited 0")
             return
-        running = launched and all(x.phase in ("Running", "Succeeded") for x in current)
+        running = launched and all(x.phase == "Running" or x.succeeded for x in current)
+        self.starting(n, current, running)
         if running and self.st.phase != Phase.RUNNING:
             self.st.phase = Phase.RUNNING
             self.st.running_since = format_time(self.now)
