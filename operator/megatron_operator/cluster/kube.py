@@ -20,7 +20,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from megatron_operator.api.job import GROUP, PLURAL, VERSION
+from megatron_operator.api.job import GROUP, KIND, PLURAL, VERSION
 from megatron_operator.core.names import LABEL_JOB_NAME, MANAGED_BY, SPEC_KEY, config_map_name
 from megatron_operator.core.observe import controller_uid, format_time
 from megatron_operator.core.ownership import UPDATED_KINDS, conflict
@@ -58,6 +58,8 @@ CALL_TIMEOUT = (5.0, 30.0)
 # A watch's read timeout: the server ends a watch after `timeout` seconds, and bookmarks arrive
 # about once a minute, so a stream silent for longer than this is dead.
 WATCH_READ_SLACK = 90.0
+# `mjob logs -f`: a training log may stay silent for long (a checkpoint, a slow step).
+FOLLOW_READ_TIMEOUT = 24 * 3600.0
 
 
 def call(method: Any, *args: Any, **kwargs: Any) -> bytes:
@@ -102,6 +104,21 @@ class Kube:
         # creation at ~30 pods/s on 2 cores.
         config.connection_pool_maxsize = workers + 64
         return cls(kubernetes.client.ApiClient(config), workers)
+
+    @staticmethod
+    def default_namespace() -> str:
+        """The namespace `kubectl` would use: the pod's own in a cluster, else the current
+        kubeconfig context's, else default."""
+        try:
+            with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+                return f.read().strip() or "default"
+        except OSError:
+            pass
+        try:
+            _, current = kubernetes.config.list_kube_config_contexts()  # type: ignore[no-untyped-call]
+        except (kubernetes.config.ConfigException, OSError):
+            return "default"
+        return str((current or {}).get("context", {}).get("namespace") or "default")
 
     # --- MegatronJobs
     def get_job(self, namespace: str, name: str) -> Obj | None:
@@ -425,6 +442,33 @@ class Kube:
                 meta = item.get("metadata") or {}
                 if controller_uid(meta) == uid:
                     self._delete(delete, namespace, meta["name"], uid=meta.get("uid"))
+
+    # --- what `mjob status` and `mjob logs` read
+    def job_events(self, namespace: str, name: str) -> list[Obj]:
+        """The events about a MegatronJob (the operator's own, and anyone else's)."""
+        selector = f"involvedObject.kind={KIND},involvedObject.name={name}"
+        doc = call_json(self.core.list_namespaced_event, namespace, field_selector=selector)
+        return list(doc.get("items") or [])
+
+    def pod_log(self, namespace: str, pod: str, tail_lines: int | None = None) -> str:
+        kw: dict[str, Any] = {"tail_lines": tail_lines} if tail_lines else {}
+        return call(self.core.read_namespaced_pod_log, pod, namespace, **kw).decode(
+            "utf-8", errors="replace"
+        )
+
+    def follow_pod_log(self, namespace: str, pod: str) -> Iterable[bytes]:
+        """The pod's log as it is written, until the container ends (kubectl logs -f)."""
+        resp: Any = self.core.read_namespaced_pod_log(
+            pod,
+            namespace,
+            follow=True,
+            _preload_content=False,
+            _request_timeout=(CALL_TIMEOUT[0], FOLLOW_READ_TIMEOUT),
+        )
+        try:
+            yield from resp.stream(4096)
+        finally:
+            resp.release_conn()
 
     # --- events
     def event(self, job: Obj, type_: str, reason: str, message: str, now: datetime) -> None:
