@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
-    ConfigDict,
     Field,
     ValidationInfo,
     WithJsonSchema,
@@ -136,14 +135,6 @@ Name = Annotated[
     str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ]
 Text = Annotated[str, Field(max_length=MAX_STRING)]
-
-
-class _Open(ApiModel):
-    """A Kubernetes object of which the operator reads a few fields and keeps the rest."""
-
-    model_config = ConfigDict(
-        extra="allow", json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
-    )
 
 
 class KeyRef(ApiModel):
@@ -357,17 +348,95 @@ class Container(ApiModel):
         return self
 
 
-class Volume(_Open):
-    """A pod volume (any source: a claim, a Secret, NFS, a CSI driver, …)."""
+def _volume_not_owned(value: str) -> str:
+    if value in OWNED_VOLUMES:
+        raise ValueError(f"{value!r} is the operator's volume ({OWNED_VOLUMES[value]})")
+    return value
+
+
+# Every volume source of a core/v1 Volume (Kubernetes 1.34), each kept as given: declared so that
+# CEL (the chart's admission policy) sees which one a volume uses, and an unknown key is refused.
+VOLUME_SOURCES: Final = (
+    "awsElasticBlockStore",
+    "azureDisk",
+    "azureFile",
+    "cephfs",
+    "cinder",
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "fc",
+    "flexVolume",
+    "flocker",
+    "gcePersistentDisk",
+    "gitRepo",
+    "glusterfs",
+    "hostPath",
+    "image",
+    "iscsi",
+    "nfs",
+    "persistentVolumeClaim",
+    "photonPersistentDisk",
+    "portworxVolume",
+    "projected",
+    "quobyte",
+    "rbd",
+    "scaleIO",
+    "secret",
+    "storageos",
+    "vsphereVolume",
+)
+
+
+class Volume(ApiModel):
+    """A pod volume: its name and one source (a claim, a Secret, NFS, a CSI driver, …)."""
 
     name: Name = Field(description="Volume name, used by volumeMounts.")
+    aws_elastic_block_store: Kept | None = Field(
+        None, description="The awsElasticBlockStore source."
+    )
+    azure_disk: Kept | None = Field(None, description="The azureDisk source.")
+    azure_file: Kept | None = Field(None, description="The azureFile source.")
+    cephfs: Kept | None = Field(None, description="The cephfs source.")
+    cinder: Kept | None = Field(None, description="The cinder source.")
+    config_map: Kept | None = Field(None, description="The configMap source.")
+    csi: Kept | None = Field(None, description="The csi source.")
+    downward_api: Kept | None = Field(
+        None, alias="downwardAPI", description="The downwardAPI source."
+    )
+    empty_dir: Kept | None = Field(None, description="The emptyDir source.")
+    ephemeral: Kept | None = Field(None, description="The ephemeral source.")
+    fc: Kept | None = Field(None, description="The fc source.")
+    flex_volume: Kept | None = Field(None, description="The flexVolume source.")
+    flocker: Kept | None = Field(None, description="The flocker source.")
+    gce_persistent_disk: Kept | None = Field(None, description="The gcePersistentDisk source.")
+    git_repo: Kept | None = Field(None, description="The gitRepo source.")
+    glusterfs: Kept | None = Field(None, description="The glusterfs source.")
+    host_path: Kept | None = Field(None, description="The hostPath source.")
+    image: Kept | None = Field(None, description="The image source.")
+    iscsi: Kept | None = Field(None, description="The iscsi source.")
+    nfs: Kept | None = Field(None, description="The nfs source.")
+    persistent_volume_claim: Kept | None = Field(
+        None, description="The persistentVolumeClaim source."
+    )
+    photon_persistent_disk: Kept | None = Field(
+        None, description="The photonPersistentDisk source."
+    )
+    portworx_volume: Kept | None = Field(None, description="The portworxVolume source.")
+    projected: Kept | None = Field(None, description="The projected source.")
+    quobyte: Kept | None = Field(None, description="The quobyte source.")
+    rbd: Kept | None = Field(None, description="The rbd source.")
+    scale_io: Kept | None = Field(None, alias="scaleIO", description="The scaleIO source.")
+    secret: Kept | None = Field(None, description="The secret source.")
+    storageos: Kept | None = Field(None, description="The storageos source.")
+    vsphere_volume: Kept | None = Field(None, description="The vsphereVolume source.")
 
     @field_validator("name")
     @classmethod
     def _not_owned(cls, value: str) -> str:
-        if value in OWNED_VOLUMES:
-            raise ValueError(f"{value!r} is the operator's volume ({OWNED_VOLUMES[value]})")
-        return value
+        return _volume_not_owned(value)
 
 
 class SecretName(ApiModel):

@@ -243,7 +243,13 @@ class Controller:
             self.kube.pool.submit(
                 self.kube.event, dict(job), event.type, event.reason, event.message, now
             )
-        self.metrics.observe_status(str(meta["namespace"]), str(meta["name"]), out.status)
+        spec = job.get("spec")
+        self.metrics.observe_status(
+            str(meta["namespace"]),
+            str(meta["name"]),
+            out.status,
+            spec if isinstance(spec, dict) else None,
+        )
 
     def _apply(self, job: dict[str, Any], out: Outcome) -> None:
         meta = job["metadata"]

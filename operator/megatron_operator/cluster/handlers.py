@@ -97,14 +97,18 @@ def run(runtime: Runtime) -> bool:
     non-zero, and Kubernetes restarts the process as a standby)."""
     stop = threading.Event()
     elector = runtime.elector
+    metrics = runtime.controller.metrics
+    metrics.leader.set(0 if elector is not None else 1)
     if elector is not None:
         runtime.health.readiness = lambda: (True, "standby: waiting for the leader Lease")
+        metrics.ready.set(1)  # a healthy standby is ready, as /readyz says
         signals = _stop_on_signals(stop)
         try:
             if not elector.acquire(stop):
                 return True  # stopped while standing by
         finally:
             _restore(signals)
+        metrics.leader.set(1)
         # Losing the Lease stops kopf the way SIGTERM does. (kopf's `stop_flag` would do it
         # too, but a threading.Event flag parks a thread in asyncio's default executor, and
         # the loop's shutdown then waits for it forever.)

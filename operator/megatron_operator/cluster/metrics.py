@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import typing
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from megatron_operator.api.spec import FailureReason
 from megatron_operator.api.status import PHASES
 from megatron_operator.core.observe import parse_time
+
+# Every reason a restart can have: each job's counter starts at 0 for each, so `increase()` sees
+# the very first restart (a series born at 1 has no earlier sample to increase from).
+RESTART_REASONS: tuple[str, ...] = typing.get_args(FailureReason)
+DEFAULT_HANG_TIMEOUT_SECONDS = 1800  # spec.restartPolicy.hangTimeoutSeconds's default
 
 
 class Metrics:
@@ -68,9 +75,27 @@ class Metrics:
             job,
             registry=r,
         )
+        self.running_since = Gauge(
+            "megatronjob_running_since_timestamp_seconds",
+            "Unix time the current attempt became Running (absent while not Running)",
+            job,
+            registry=r,
+        )
+        self.hang_timeout = Gauge(
+            "megatronjob_hang_timeout_seconds",
+            "The job's restartPolicy.hangTimeoutSeconds (0: off)",
+            job,
+            registry=r,
+        )
         self.ready = Gauge(
             "megatron_operator_ready",
-            "1 once this replica's job, pod and node watches have synced (what /readyz reports)",
+            "1 once this replica is ready (what /readyz reports): its watches synced, or a "
+            "healthy standby",
+            registry=r,
+        )
+        self.leader = Gauge(
+            "megatron_operator_leader",
+            "1 on the replica that reconciles (the leader, or the only one), 0 on a standby",
             registry=r,
         )
         self.api_errors = Counter(
@@ -81,8 +106,28 @@ class Metrics:
         )
         # The checkpoint step each job's checkpoint_time belongs to (the gauge has no history).
         self._checkpoints: dict[tuple[str, str], int] = {}
+        self._seen: set[tuple[str, str]] = set()  # jobs whose counters exist (at 0 or more)
 
-    def observe_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def observe_status(
+        self,
+        namespace: str,
+        name: str,
+        status: dict[str, Any],
+        spec: dict[str, Any] | None = None,
+    ) -> None:
+        if (namespace, name) not in self._seen:
+            self._seen.add((namespace, name))
+            for reason in RESTART_REASONS:
+                self.restarts.labels(namespace, name, reason)  # the series, at 0
+        if isinstance(spec, dict):
+            self.hang_timeout.labels(namespace, name).set(_hang_timeout(spec))
+        running = (
+            parse_time(status.get("runningSince")) if status.get("phase") == "Running" else None
+        )
+        if running is not None:
+            self.running_since.labels(namespace, name).set(running.timestamp())
+        else:
+            self._remove(self.running_since, namespace, name)
         phase = status.get("phase")
         for p in PHASES:
             self.phase.labels(namespace, name, p).set(1 if p == phase else 0)
@@ -129,11 +174,24 @@ class Metrics:
             self.checkpoint_iteration,
             self.checkpoint_time,
             self.progress_time,
+            self.running_since,
+            self.hang_timeout,
         ):
             self._remove(gauge, namespace, name)
+        for reason in RESTART_REASONS:
+            self._remove(self.restarts, namespace, name, reason)
         self._checkpoints.pop((namespace, name), None)
+        self._seen.discard((namespace, name))
 
     @staticmethod
-    def _remove(metric: Gauge, *labels: str) -> None:
+    def _remove(metric: Gauge | Counter, *labels: str) -> None:
         with contextlib.suppress(KeyError):
             metric.remove(*labels)
+
+
+def _hang_timeout(spec: dict[str, Any]) -> int:
+    policy = spec.get("restartPolicy")
+    hang = policy.get("hangTimeoutSeconds") if isinstance(policy, dict) else None
+    if isinstance(hang, int) and not isinstance(hang, bool) and hang >= 0:
+        return hang
+    return DEFAULT_HANG_TIMEOUT_SECONDS
