@@ -11,6 +11,8 @@ PRECISIONS: Final = ("bf16", "fp16", "fp32", "fp8")
 RECOMPUTE: Final = ("none", "selective", "full")
 LR_DECAY_STYLES: Final = ("cosine", "linear", "constant", "inverse-square-root")
 TOKEN_DISPATCHERS: Final = ("alltoall", "allgather")
+# RoPE scaling the spec can name; the layout rules refuse yarn (not implemented) by name.
+ROPE_SCALING_TYPES: Final = ("llama3", "yarn")
 SHARDING_TYPES: Final = ("dp_reshardable", "fully_reshardable")
 CPU: Final = "none"  # resources.accelerator for CPU training (gloo)
 ACCELERATORS: Final = ("nvidia.com/gpu", CPU)

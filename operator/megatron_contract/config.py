@@ -32,6 +32,7 @@ from megatron_contract.choices import (
     POSITION_EMBEDDINGS,
     PRECISIONS,
     RECOMPUTE,
+    ROPE_SCALING_TYPES,
     SHARDING_TYPES,
     TOKEN_DISPATCHERS,
 )
@@ -70,6 +71,7 @@ class MoEConfig:
     first_k_dense_layers: Annotated[int, Meta(minimum=0)]
     aux_loss_coeff: Annotated[float, Meta(minimum=0.0)]
     token_dispatcher: Annotated[str, Meta(choices=TOKEN_DISPATCHERS)]
+    router_pre_softmax: bool  # softmax over all experts, then top-k (DeepSeek-V2)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,17 @@ class MLAConfig:
     qk_head_dim: int
     qk_pos_emb_head_dim: int
     v_head_dim: int
+
+
+@dataclass(frozen=True)
+class RopeScalingConfig:
+    """Llama 3.1's RoPE frequency scaling (Megatron-Core's rope_scaling)."""
+
+    type: Annotated[str, Meta(choices=ROPE_SCALING_TYPES)]
+    factor: Annotated[float, Meta(minimum=1.0)]
+    low_freq_factor: Annotated[float, Meta(minimum=0.0)]
+    high_freq_factor: Annotated[float, Meta(minimum=0.0)]
+    original_max_position_embeddings: int
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,7 @@ class ModelConfig:
     attention_dropout: Annotated[float, Meta(minimum=0.0, maximum=1.0)]
     hidden_dropout: Annotated[float, Meta(minimum=0.0, maximum=1.0)]
     add_bias_linear: bool
+    rope_scaling: RopeScalingConfig | None
     moe: MoEConfig | None
     mla: MLAConfig | None
 

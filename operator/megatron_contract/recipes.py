@@ -71,8 +71,10 @@ RECIPES: Final[dict[str, dict[str, Any]]] = {
         "normEpsilon": 1e-5,
         "moe": {"numExperts": 8, "routerTopK": 2, "ffnHiddenSize": 14336},
     },
-    # DeepSeek-V2-Lite: multi-latent attention, 64 routed experts (top-6) plus 2 shared, and a
-    # dense first layer.
+    # DeepSeek-V2-Lite: multi-latent attention, 64 routed experts (top-6, chosen after a softmax
+    # over all 64 scores, not renormalised) plus 2 shared, and a dense first layer. Its 4K
+    # pre-training context uses plain RoPE; the YaRN scaling of the released weights (to 32K)
+    # came after pre-training, and this trainer refuses it by name (model.ropeScaling).
     "deepseek-v2-lite": {
         "numLayers": 27,
         "hiddenSize": 2048,
@@ -95,6 +97,7 @@ RECIPES: Final[dict[str, dict[str, Any]]] = {
             "ffnHiddenSize": 1408,
             "sharedExpertFfnHiddenSize": 2816,
             "firstKDenseLayers": 1,
+            "routerPreSoftmax": True,
         },
         "mla": {
             "kvLoraRank": 512,

@@ -236,6 +236,7 @@ def _sequence(lay: Layout) -> Iterator[Problem]:
         )
     if m.mla is not None and m.position_embedding != "rope":
         yield Problem("model.positionEmbedding", "multi-latent attention (model.mla) needs rope")
+    yield from _rope_scaling(m)
     tp = lay.parallelism.tensor
     if m.padded_vocab_size < m.vocab_size or m.padded_vocab_size % tp:
         yield Problem(
@@ -243,6 +244,41 @@ def _sequence(lay: Layout) -> Iterator[Problem]:
             f"the padded vocabulary ({m.padded_vocab_size}) must be at least vocabSize "
             f"({m.vocab_size}) and divisible by tensor ({tp})",
         )
+
+
+# Megatron-Core 0.16.1 scales RoPE as Llama 3.1 does with these three values fixed
+# (RotaryEmbedding._apply_scaling); only the factor is a parameter.
+LLAMA3_FIXED = {"lowFreqFactor": 1.0, "highFreqFactor": 4.0, "originalMaxPositionEmbeddings": 8192}
+
+
+def _rope_scaling(m: ModelConfig) -> Iterator[Problem]:
+    s = m.rope_scaling
+    if s is None:
+        return
+    if s.type == "yarn":
+        yield Problem(
+            "model.ropeScaling.type",
+            "yarn (DeepSeek-V2's long-context extension) is not implemented by this trainer: "
+            "pre-train at the original context with plain RoPE (as DeepSeek did), or use llama3",
+        )
+        return
+    if m.position_embedding != "rope" or m.mla is not None:
+        yield Problem(
+            "model.ropeScaling",
+            "llama3 RoPE scaling applies to standard attention with positionEmbedding rope",
+        )
+    given = {
+        "lowFreqFactor": s.low_freq_factor,
+        "highFreqFactor": s.high_freq_factor,
+        "originalMaxPositionEmbeddings": s.original_max_position_embeddings,
+    }
+    for key, fixed in LLAMA3_FIXED.items():
+        if given[key] != fixed:
+            yield Problem(
+                f"model.ropeScaling.{key}",
+                f"{key} is {given[key]:g}, but Megatron-Core's llama3 scaling fixes it at "
+                f"{fixed:g}: use {fixed:g} (Llama 3.1 and 3.2 use these values)",
+            )
 
 
 def _platform(lay: Layout) -> Iterator[Problem]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from megatron_contract.config import load_config
+from megatron_contract.config import load_config, load_launch_config
 from megatron_contract.env import RESERVED as RESERVED_ENV
 from megatron_contract.env import runtime_env
 from megatron_contract.exitcodes import ExitCode
@@ -57,6 +57,13 @@ def test_rendered_pods_parse_and_validate_in_the_trainer(path: Path, tmp_path: P
     cm = next(o for o in objs if o["kind"] == "ConfigMap")
     config_file = tmp_path / "config.json"
     config_file.write_text(cm["data"]["config.json"])
+    launch = load_launch_config(config_file)  # what the launcher reads, whatever the code
+    if job.spec.trainer is not None:
+        assert (
+            launch.trainer is not None and list(launch.trainer.command) == job.spec.trainer.command
+        )
+        assert launch.checkpoint.dir == f"/mnt/checkpoints/{job.name}"
+        return
     cfg = load_config(config_file)
     pods = [o for o in objs if o["kind"] == "Pod"]
     for pod in (pods[0], pods[-1]):
@@ -141,3 +148,15 @@ def test_keep_zero_means_keep_all_on_both_sides(tmp_path: Path) -> None:
     cm = next(o for o in render(job, plan(job.spec)) if o["kind"] == "ConfigMap")
     (tmp_path / "c.json").write_text(cm["data"]["config.json"])
     assert load_config(tmp_path / "c.json").checkpoint.keep == 0
+
+
+def test_the_launchers_view_has_the_trainers_fields() -> None:
+    # One document, two readers: the built-in trainer's (every section) and the launcher's (model,
+    # training and data may be null with a trainer.command). Their fields must not drift apart.
+    import dataclasses
+
+    from megatron_contract.config import LaunchConfig, TrainerConfig
+
+    assert [f.name for f in dataclasses.fields(LaunchConfig)] == [
+        f.name for f in dataclasses.fields(TrainerConfig)
+    ]

@@ -127,6 +127,7 @@ def test_unknown_recipe() -> None:
                         "firstKDenseLayers": 4,
                         "auxLossCoeff": 0.01,
                         "tokenDispatcher": "allgather",
+                        "routerPreSoftmax": False,
                     }
                 }
             },

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.trainer
 
 MOE = {
     "numExperts": 4, "routerTopK": 2, "ffnHiddenSize": 176, "sharedExpertFfnHiddenSize": 128,
-    "firstKDenseLayers": 1, "auxLossCoeff": 0.01, "tokenDispatcher": "allgather",
+    "firstKDenseLayers": 1, "auxLossCoeff": 0.01, "tokenDispatcher": "allgather", "routerPreSoftmax": False,
 }  # fmt: skip
 
 

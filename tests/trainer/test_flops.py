@@ -33,6 +33,7 @@ def test_moe_counts_active_experts_only() -> None:
         first_k_dense_layers=1,
         aux_loss_coeff=0.01,
         token_dispatcher="alltoall",
+        router_pre_softmax=False,
     )
     model = dataclasses.replace(TINY, moe=moe)
     dense = flops_per_step(TINY, 1)

@@ -47,7 +47,7 @@ CPU = Platform("cpu", "gloo", torch.device("cpu"))
 
 MOE = {
     "numExperts": 4, "routerTopK": 2, "ffnHiddenSize": 176, "sharedExpertFfnHiddenSize": None,
-    "firstKDenseLayers": 1, "auxLossCoeff": 0.01, "tokenDispatcher": "alltoall",
+    "firstKDenseLayers": 1, "auxLossCoeff": 0.01, "tokenDispatcher": "alltoall", "routerPreSoftmax": False,
 }  # fmt: skip
 MLA = {"qLoraRank": None, "kvLoraRank": 64, "qkHeadDim": 32, "qkPosEmbHeadDim": 16, "vHeadDim": 24}
 

@@ -96,8 +96,18 @@ def test_architectures_we_cannot_import(tmp_path: Path) -> None:
                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 64},
     )  # fmt: skip
-    assert any("RoPE scaling 'llama3' is not supported" in p for p in check_hf_config(
-        our_model(), scaled))  # fmt: skip
+    # Llama 3.1's scaling is imported when the spec says so (test_hf_interchange.py); without
+    # spec.model.ropeScaling the problem says what to set.
+    assert any("set spec.model.ropeScaling to {type: llama3, factor: 8, lowFreqFactor: 1, "
+               "highFreqFactor: 4, originalMaxPositionEmbeddings: 64}" in p
+               for p in check_hf_config(our_model(), scaled))  # fmt: skip
+    yarn = gpt_tiny_as_hf(
+        tmp_path / "yarn",
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+                         "original_max_position_embeddings": 4096},
+    )  # fmt: skip
+    assert any("RoPE scaling 'yarn' is not supported (llama3 is)" in p for p in check_hf_config(
+        our_model(), yarn))  # fmt: skip
     biased = gpt_tiny_as_hf(tmp_path / "bias", attention_bias=True)
     assert any("attention_bias true" in p for p in check_hf_config(our_model(), biased))
     (tmp_path / "qwen").mkdir()

@@ -23,10 +23,19 @@ transformers = pytest.importorskip("transformers")
 
 SEQ = 32
 # Tiny Llamas: vocab 250 is padded to 256 rows on our side (padding rows at TP=1 and TP=2).
+# Llama 3.1's RoPE scaling: with head_dim 16 the lowest frequencies have wavelengths past
+# original_max_position_embeddings / low_freq_factor, so the scaling changes the logits.
+LLAMA31_ROPE = {
+    "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+}  # fmt: skip
 VARIANTS: dict[str, dict[str, Any]] = {
     "gqa-untied": {"num_key_value_heads": 2, "tie_word_embeddings": False},
     "mha-tied": {"num_key_value_heads": 4, "tie_word_embeddings": True},
-}
+    "llama31-rope": {
+        "num_key_value_heads": 2, "tie_word_embeddings": False, "rope_parameters": LLAMA31_ROPE,
+    },
+}  # fmt: skip
 LAYOUTS: dict[str, dict[str, int]] = {
     "tp1": {},
     "tp2": {"tp": 2},
@@ -44,16 +53,29 @@ CASES = [
     ("tp2", "mha-tied"),
     ("pp2", "gqa-untied"),
     ("pp2-vpp2", "gqa-untied"),
+    ("tp2", "llama31-rope"),
 ]
 
 
 def llama_config(variant: str) -> Any:
+    params = {"rope_theta": 10000.0, **VARIANTS[variant]}
     return transformers.LlamaConfig(
         vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
         num_attention_heads=4, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-5,
-        rope_theta=10000.0, hidden_act="silu", initializer_range=0.1,
-        **VARIANTS[variant],
+        hidden_act="silu", initializer_range=0.1, **params,
     )  # fmt: skip
+
+
+def rope_scaling(hf: dict[str, Any]) -> dict[str, Any] | None:
+    """spec.model.ropeScaling for a config.json's llama3 scaling (either spelling)."""
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if params.get("rope_type") != "llama3":
+        return None
+    return {
+        "type": "llama3", "factor": params["factor"], "lowFreqFactor": params["low_freq_factor"],
+        "highFreqFactor": params["high_freq_factor"],
+        "originalMaxPositionEmbeddings": params["original_max_position_embeddings"],
+    }  # fmt: skip
 
 
 def model_section(hf: dict[str, Any]) -> dict[str, Any]:
@@ -65,10 +87,10 @@ def model_section(hf: dict[str, Any]) -> dict[str, Any]:
         "vocabSize": hf["vocab_size"], "paddedVocabSize": 256, "seqLength": SEQ,
         "maxPositionEmbeddings": hf["max_position_embeddings"], "normalization": "RMSNorm",
         "activation": "swiglu", "positionEmbedding": "rope",
-        "ropeTheta": hf.get("rope_theta", 10000.0),
+        "ropeTheta": (hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", 10000.0)),
         "untieEmbeddingsAndOutputWeights": not hf["tie_word_embeddings"],
         "normEpsilon": hf["rms_norm_eps"], "attentionDropout": 0.0, "hiddenDropout": 0.0,
-        "addBiasLinear": False, "moe": None, "mla": None,
+        "addBiasLinear": False, "ropeScaling": rope_scaling(hf), "moe": None, "mla": None,
     }  # fmt: skip
 
 
@@ -158,6 +180,7 @@ def test_import_matches_hf_and_round_trips(
         assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name
     config = json.loads((exported / "config.json").read_text())
     assert config["tie_word_embeddings"] == hf["tie_word_embeddings"]
+    assert rope_scaling(config) == rope_scaling(hf)  # the scaling goes back out too
     assert config["num_key_value_heads"] == hf["num_key_value_heads"]
     # transformers itself reads the export (config and weights) and gives the same logits.
     assert torch.equal(hf_logits(exported, SEQ), theirs)
@@ -205,3 +228,11 @@ def test_a_mismatched_hugging_face_model_exits_78_before_any_rank(
     run = run_trainer(cfg, tmp_path / "run")
     assert run.returncode == 78, run.output[-3000:]
     assert "spec.model.numQueryGroups" in run.output
+
+
+def test_llama31_rope_scaling_changes_the_logits(hf_model: Callable[[str], Path]) -> None:
+    # Without this, the llama31-rope case above would pass with the scaling ignored on both sides.
+    scaled, plain = hf_model("llama31-rope"), hf_model("gqa-untied")
+    assert rope_scaling(json.loads((scaled / "config.json").read_text())) is not None
+    assert read_safetensors(scaled).keys() == read_safetensors(plain).keys()
+    assert (hf_logits(scaled, SEQ) - hf_logits(plain, SEQ)).abs().max().item() > 1e-3

@@ -54,7 +54,7 @@ def missing_data(cfg: dict[str, Any], tmp: Path) -> None:
 def expert_parallel_on_cpu(cfg: dict[str, Any], tmp: Path) -> None:
     cfg["model"]["moe"] = {
         "numExperts": 4, "routerTopK": 2, "ffnHiddenSize": 176, "sharedExpertFfnHiddenSize": None,
-        "firstKDenseLayers": 0, "auxLossCoeff": 0.0, "tokenDispatcher": "allgather",
+        "firstKDenseLayers": 0, "auxLossCoeff": 0.0, "tokenDispatcher": "allgather", "routerPreSoftmax": False,
     }  # fmt: skip
     cfg["parallelism"].update(expert=2, expertData=1)
 

@@ -46,7 +46,7 @@ def test_dense_bf16_on_gpu() -> None:
 def test_moe_with_expert_parallelism() -> None:
     moe = {
         "numExperts": 8, "routerTopK": 2, "ffnHiddenSize": 64, "sharedExpertFfnHiddenSize": 64,
-        "firstKDenseLayers": 1, "auxLossCoeff": 0.01, "tokenDispatcher": "alltoall",
+        "firstKDenseLayers": 1, "auxLossCoeff": 0.01, "tokenDispatcher": "alltoall", "routerPreSoftmax": False,
     }  # fmt: skip
     data = gpu_config(
         model={"moe": moe},
@@ -58,6 +58,26 @@ def test_moe_with_expert_parallelism() -> None:
     assert config.moe_shared_expert_intermediate_size == 64
     assert config.expert_model_parallel_size == 2
     assert not config.moe_grouped_gemm  # grouped GEMM needs TE: experts run one by one
+    assert not config.moe_router_pre_softmax  # Mixtral's: top-k, then softmax over the k
+
+
+def test_deepseek_routing_is_softmax_then_top_k() -> None:
+    from megatron.core.transformer.moe.moe_utils import topk_routing_with_score_function
+
+    moe = {
+        "numExperts": 8, "routerTopK": 2, "ffnHiddenSize": 64, "sharedExpertFfnHiddenSize": 64,
+        "firstKDenseLayers": 0, "auxLossCoeff": 0.0, "tokenDispatcher": "alltoall",
+        "routerPreSoftmax": True,
+    }  # fmt: skip
+    config = model.transformer_config(parse_config(gpu_config(model={"moe": moe})), CUDA)
+    assert config.moe_router_pre_softmax and config.moe_router_score_function == "softmax"
+    # What that flag does in Megatron-Core: the chosen experts keep their share of a softmax
+    # over all of them (DeepSeek-V2, not renormalised), where top-k-then-softmax sums to 1.
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0, 0.1, 0.2, 0.3]])
+    probs, _ = topk_routing_with_score_function(logits, 2, use_pre_softmax=True)
+    want = torch.softmax(logits, dim=-1).topk(2).values
+    assert torch.allclose(probs[probs > 0], want.flatten())
+    assert probs.sum().item() < 0.99
 
 
 def test_multi_latent_attention() -> None:

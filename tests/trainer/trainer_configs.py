@@ -17,7 +17,7 @@ GPT_TINY: dict[str, Any] = {
         "vocabSize": 1024, "paddedVocabSize": 1024, "seqLength": 128, "maxPositionEmbeddings": 128,
         "normalization": "RMSNorm", "activation": "swiglu", "positionEmbedding": "rope",
         "ropeTheta": 10000.0, "untieEmbeddingsAndOutputWeights": True, "normEpsilon": 1e-5,
-        "attentionDropout": 0.0, "hiddenDropout": 0.0, "addBiasLinear": False,
+        "attentionDropout": 0.0, "hiddenDropout": 0.0, "addBiasLinear": False, "ropeScaling": None,
         "moe": None, "mla": None,
     },
     "parallelism": {"tensor": 1, "pipeline": 1, "virtualPipeline": None, "context": 1,

@@ -473,6 +473,36 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         {"model.recipe": "llama3-8b", "resources.gpuMemoryGiB": 24},
         False,  # the memory estimate is planner-only: too rich for CEL
     ),
+    (
+        "yarn RoPE scaling is refused by name",
+        "spec.model.ropeScaling.type",
+        {"model.ropeScaling": {"type": "llama3", "factor": 8}},
+        {
+            "model.ropeScaling": {
+                "type": "yarn",
+                "factor": 40,
+                "originalMaxPositionEmbeddings": 4096,
+            }
+        },
+        True,
+    ),
+    (
+        "llama3 RoPE scaling keeps Megatron-Core's fixed values",
+        "spec.model.ropeScaling.highFreqFactor",
+        {"model.ropeScaling": {"type": "llama3", "factor": 32, "highFreqFactor": 4}},
+        {"model.ropeScaling": {"type": "llama3", "factor": 8, "highFreqFactor": 2}},
+        True,
+    ),
+    (
+        "llama3 RoPE scaling needs rope",
+        "spec.model.ropeScaling",
+        {"model.ropeScaling": {"type": "llama3", "factor": 8}},
+        {
+            "model.ropeScaling": {"type": "llama3", "factor": 8},
+            "model.positionEmbedding": "learned_absolute",
+        },
+        True,
+    ),
 ]
 
 

@@ -145,8 +145,27 @@ def write_tracker(root: str | Path, iteration: int) -> None:
     os.replace(tmp, Path(root) / TRACKER)  # atomic: readers see the old or the new number
 
 
+# Model fields added after checkpoints were written, with the value they had implicitly then: at
+# that value they are left out of the fingerprint, so those checkpoints still resume.
+_ADDED_MODEL_FIELDS: dict[str, Any] = {"ropeScaling": None}
+_ADDED_MOE_FIELDS: dict[str, Any] = {"routerPreSoftmax": False}
+
+
 def model_fingerprint(model_json: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in model_json.items() if k not in _MUTABLE_MODEL_FIELDS}
+    out = {
+        k: v
+        for k, v in model_json.items()
+        if k not in _MUTABLE_MODEL_FIELDS
+        and not (k in _ADDED_MODEL_FIELDS and v == _ADDED_MODEL_FIELDS[k])
+    }
+    moe = out.get("moe")
+    if isinstance(moe, dict):
+        out["moe"] = {
+            k: v
+            for k, v in moe.items()
+            if not (k in _ADDED_MOE_FIELDS and v == _ADDED_MOE_FIELDS[k])
+        }
+    return out
 
 
 def read_loss(path: Path) -> float | None:

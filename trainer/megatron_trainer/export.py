@@ -137,8 +137,24 @@ def check_exportable(model: Mapping[str, Any], where: Path) -> None:
         )
 
 
+def _rope(model: Mapping[str, Any]) -> dict[str, Any]:
+    """RoPE's parameters as transformers names them: plain, or Llama 3.1's scaling."""
+    out: dict[str, Any] = {"rope_type": "default", "rope_theta": model["ropeTheta"]}
+    scaling = model.get("ropeScaling")
+    if scaling:
+        out.update(
+            rope_type="llama3",
+            factor=scaling["factor"],
+            low_freq_factor=scaling["lowFreqFactor"],
+            high_freq_factor=scaling["highFreqFactor"],
+            original_max_position_embeddings=scaling["originalMaxPositionEmbeddings"],
+        )
+    return out
+
+
 def hf_config(model: Mapping[str, Any], dtype: torch.dtype) -> dict[str, Any]:
     """config.json of LlamaForCausalLM for our model fields (camelCase, as in the spec)."""
+    rope = _rope(model)
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -151,9 +167,11 @@ def hf_config(model: Mapping[str, Any], dtype: torch.dtype) -> dict[str, Any]:
         "vocab_size": model["vocabSize"],
         "max_position_embeddings": model["maxPositionEmbeddings"],
         "rms_norm_eps": model["normEpsilon"],
-        # Both spellings: transformers 4.x reads rope_theta, 5.x rope_parameters.
+        # Both spellings: transformers 4.x reads rope_theta and rope_scaling, 5.x
+        # rope_parameters.
         "rope_theta": model["ropeTheta"],
-        "rope_parameters": {"rope_type": "default", "rope_theta": model["ropeTheta"]},
+        "rope_scaling": rope if rope["rope_type"] != "default" else None,
+        "rope_parameters": rope,
         "tie_word_embeddings": not model["untieEmbeddingsAndOutputWeights"],
         "hidden_act": "silu",
         "attention_bias": False,

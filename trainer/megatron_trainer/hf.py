@@ -71,15 +71,61 @@ def hf_rope_theta(hf: dict[str, Any]) -> float:
     return float(hf.get("rope_theta", 10000.0))
 
 
-def hf_rope_type(hf: dict[str, Any]) -> str:
-    """ "default" for plain RoPE; anything else (llama3, yarn, linear, ...) rescales frequencies."""
+def hf_rope_scaling(hf: dict[str, Any]) -> dict[str, Any] | None:
+    """The RoPE scaling parameters (rope_parameters in 5.x, rope_scaling in 4.x), or None for
+    plain RoPE."""
     for key in ("rope_parameters", "rope_scaling"):
         value = hf.get(key)
-        if isinstance(value, dict):
-            kind = value.get("rope_type", value.get("type", "default"))
-            if kind != "default":
-                return str(kind)
-    return "default"
+        if isinstance(value, dict) and value.get("rope_type", value.get("type", "default")) != (
+            "default"
+        ):
+            return value
+    return None
+
+
+# Our spec's llama3 fields → Hugging Face's keys.
+_LLAMA3_KEYS = {
+    "factor": "factor",
+    "lowFreqFactor": "low_freq_factor",
+    "highFreqFactor": "high_freq_factor",
+    "originalMaxPositionEmbeddings": "original_max_position_embeddings",
+}
+
+
+def _rope_scaling_problems(model: ModelConfig, hf: dict[str, Any], where: str) -> list[str]:
+    """llama3 scaling (Llama 3.1) must match spec.model.ropeScaling; other kinds are refused."""
+    theirs = hf_rope_scaling(hf)
+    ours = model.rope_scaling
+    if theirs is None:
+        if ours is not None:
+            return [f"spec.model.ropeScaling is set but {where} has plain RoPE: remove it"]
+        return []
+    kind = theirs.get("rope_type", theirs.get("type"))
+    if kind != "llama3":
+        return [
+            f"{where}: RoPE scaling {kind!r} is not supported (llama3 is); use a model "
+            "without it, or one with Llama 3.1's scaling"
+        ]
+    try:
+        wanted = {ours_key: float(theirs[key]) for ours_key, key in _LLAMA3_KEYS.items()}
+    except (KeyError, TypeError, ValueError) as err:
+        return [f"{where}: rope_scaling llama3 is missing or malforms a field ({err})"]
+    spec = ", ".join(f"{k}: {v:g}" for k, v in wanted.items())
+    if ours is None:
+        return [f"{where} has Llama 3.1's RoPE scaling: set spec.model.ropeScaling to "
+                f"{{type: llama3, {spec}}}"]  # fmt: skip
+    have = {
+        "factor": ours.factor,
+        "lowFreqFactor": ours.low_freq_factor,
+        "highFreqFactor": ours.high_freq_factor,
+        "originalMaxPositionEmbeddings": float(ours.original_max_position_embeddings),
+    }
+    return [
+        f"spec.model.ropeScaling.{k} is {have[k]:g} but {where} has {_LLAMA3_KEYS[k]} "
+        f"{wanted[k]:g}: set it to {wanted[k]:g}"
+        for k in _LLAMA3_KEYS
+        if have[k] != wanted[k]
+    ]
 
 
 def hf_head_dim(hf: dict[str, Any]) -> int:
@@ -167,12 +213,7 @@ def check_hf_config(model: ModelConfig, hf_dir: str | Path) -> list[str]:
         )
     if model.mla is not None:
         problems.append(f"spec.model.mla is set but {where} uses standard attention: remove it")
-    rope_type = hf_rope_type(hf)
-    if rope_type != "default":
-        problems.append(
-            f"{where}: RoPE scaling {rope_type!r} is not supported (our RoPE is unscaled); "
-            "use a model without rope_scaling"
-        )
+    problems += _rope_scaling_problems(model, hf, where)
     if hf.get("sliding_window") is not None and model_type == "mistral":
         problems.append(f"{where}: sliding_window attention is not supported")
     return problems

@@ -166,6 +166,7 @@ def transformer_config_kwargs(cfg: TrainerConfig, platform: Platform) -> dict[st
             # Grouped GEMM needs TE; otherwise experts run one after another (SequentialMLP).
             moe_grouped_gemm=te,
             moe_router_dtype="fp32",
+            moe_router_pre_softmax=moe.router_pre_softmax,
         )
     if m.mla is not None:
         mla = m.mla
@@ -300,6 +301,10 @@ def build_model(cfg: TrainerConfig, platform: Platform, config: TransformerConfi
             share_embeddings_and_output_weights=not cfg.model.untie_embeddings_and_output_weights,
             position_embedding_type=cfg.model.position_embedding,
             rotary_base=int(cfg.model.rope_theta),
+            # Llama 3.1's scaling; its other three values are Megatron-Core's fixed ones, which
+            # the layout rules require (megatron_contract.rules.LLAMA3_FIXED).
+            rope_scaling=cfg.model.rope_scaling is not None,
+            rope_scaling_factor=cfg.model.rope_scaling.factor if cfg.model.rope_scaling else 8.0,
             vp_stage=vp_stage,
         )
         for param in model.parameters():

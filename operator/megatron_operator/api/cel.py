@@ -16,6 +16,7 @@ from megatron_contract.env import OWNED as OWNED_ENV
 from megatron_contract.env import OWNED_PREFIX as OWNED_ENV_PREFIX
 from megatron_contract.paths import INIT_MOUNT
 from megatron_contract.recipes import RECIPES
+from megatron_contract.rules import LLAMA3_FIXED
 
 from .base import (
     PARENT_SEGMENT_PATTERN,
@@ -312,6 +313,28 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         "multi-latent attention (model.mla) needs positionEmbedding: rope",
         ".model.positionEmbedding",
     ),
+    # --- RoPE scaling (the spec's own: no recipe sets it)
+    rule(
+        f"!{HAS_MODEL} || !has({M}.ropeScaling) || {M}.ropeScaling.type != 'yarn'",
+        "ropeScaling yarn (DeepSeek-V2's long-context extension) is not implemented by this "
+        "trainer: pre-train with plain RoPE, or use llama3",
+        ".model.ropeScaling.type",
+    ),
+    rule(
+        f"!{HAS_MODEL} || !has({M}.ropeScaling) || {M}.ropeScaling.type == 'yarn' || "
+        f"({POSITION} == 'rope' && !{IS_MLA})",
+        "llama3 RoPE scaling applies to standard attention with positionEmbedding rope",
+        ".model.ropeScaling",
+    ),
+    *[
+        rule(
+            f"!{HAS_MODEL} || !has({M}.ropeScaling) || {M}.ropeScaling.type == 'yarn' || "
+            f"!has({M}.ropeScaling.{key}) || {M}.ropeScaling.{key} == {_lit(value)}",
+            f"Megatron-Core's llama3 RoPE scaling fixes {key} at {value:g}",
+            f".model.ropeScaling.{key}",
+        )
+        for key, value in LLAMA3_FIXED.items()
+    ],
     # --- batch and schedule
     rule(
         f"!{HAS_TRAINING} || !{MP_OK} || {T}.globalBatchSize % ({T}.microBatchSize * {DP}) == 0",

@@ -117,6 +117,11 @@ class MoeSpec(ApiModel):
     token_dispatcher: TokenDispatcher | None = Field(
         None, description="Megatron-Core token dispatcher (default alltoall)."
     )
+    router_pre_softmax: bool | None = Field(
+        None,
+        description="Softmax over every expert's score, then top-k (DeepSeek-V2's routing); "
+        "default false: top-k, then softmax over the k chosen (Mixtral's).",
+    )
 
 
 class MlaSpec(ApiModel):
@@ -133,6 +138,26 @@ class MlaSpec(ApiModel):
         le=MAX_HIDDEN, description="Per-head query/key RoPE dimension."
     )
     v_head_dim: PositiveInt = Field(le=MAX_HIDDEN, description="Per-head value dimension.")
+
+
+RopeScalingType = Annotated[
+    str, one_of(choices.ROPE_SCALING_TYPES), enum_schema(choices.ROPE_SCALING_TYPES)
+]
+
+
+class RopeScalingSpec(ApiModel):
+    """RoPE frequency scaling for a longer context (Hugging Face's rope_scaling)."""
+
+    type: RopeScalingType = Field(
+        description="llama3 (Llama 3.1's); yarn (DeepSeek-V2's long-context extension) is "
+        "refused: this trainer does not implement it."
+    )
+    factor: Finite = Field(gt=1, le=1024, description="Scaling factor, e.g. 8 (Llama 3.1).")
+    low_freq_factor: Finite = Field(1.0, gt=0, le=1024, description="llama3: low_freq_factor.")
+    high_freq_factor: Finite = Field(4.0, gt=0, le=1024, description="llama3: high_freq_factor.")
+    original_max_position_embeddings: PositiveInt = Field(
+        8192, le=MAX_SEQUENCE, description="The context the model was first trained at."
+    )
 
 
 class ModelSpec(ApiModel):
@@ -189,6 +214,9 @@ class ModelSpec(ApiModel):
     )
     norm_epsilon: Finite | None = Field(
         None, gt=0, le=1, description="Normalization epsilon (default 1e-5)."
+    )
+    rope_scaling: RopeScalingSpec | None = Field(
+        None, description="RoPE frequency scaling (Llama 3.1 style); unset: plain RoPE."
     )
     moe: MoeSpec | None = Field(
         None, description="Mixture-of-experts settings; unset: dense model."

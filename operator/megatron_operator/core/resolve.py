@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from megatron_contract.config import MLAConfig, ModelConfig, MoEConfig
+from megatron_contract.config import MLAConfig, ModelConfig, MoEConfig, RopeScalingConfig
 from megatron_contract.recipes import RECIPES
 from megatron_operator.api.errors import FieldError
 from megatron_operator.api.spec import ModelSpec
@@ -80,6 +80,7 @@ def resolve_model(spec: ModelSpec, tensor: int) -> tuple[ModelConfig | None, lis
         attention_dropout=0.0,
         hidden_dropout=0.0,
         add_bias_linear=False,
+        rope_scaling=_resolve_rope_scaling(m.get("ropeScaling")),
         moe=_resolve_moe(moe, ffn) if moe else None,
         mla=_resolve_mla(mla) if mla else None,
     )
@@ -95,6 +96,19 @@ def _resolve_moe(moe: dict[str, Any], dense_ffn: int) -> MoEConfig:
         first_k_dense_layers=moe.get("firstKDenseLayers", 0),
         aux_loss_coeff=float(moe.get("auxLossCoeff", 0.01)),
         token_dispatcher=moe.get("tokenDispatcher", "alltoall"),
+        router_pre_softmax=moe.get("routerPreSoftmax", False),
+    )
+
+
+def _resolve_rope_scaling(scaling: dict[str, Any] | None) -> RopeScalingConfig | None:
+    if not scaling:
+        return None
+    return RopeScalingConfig(
+        type=scaling["type"],
+        factor=float(scaling["factor"]),
+        low_freq_factor=float(scaling.get("lowFreqFactor", 1.0)),
+        high_freq_factor=float(scaling.get("highFreqFactor", 4.0)),
+        original_max_position_embeddings=scaling.get("originalMaxPositionEmbeddings", 8192),
     )
 
 
