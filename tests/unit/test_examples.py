@@ -34,19 +34,89 @@ def test_example_validates_plans_and_renders(
     assert sum(o["kind"] == "Pod" for o in objs) == plan["nodes"]
 
 
-def test_seed_recipe_layouts() -> None:
-    def plan_of(name: str) -> dict[str, object]:
-        from megatron_operator.api import load_file
-        from megatron_operator.core.planner import plan
+# What `mjob validate` must print for each example: the layout the example's comment promises.
+INTENDED = {
+    "byo-torch-ddp": "DP2 on 1 × 2 (2 ranks), memory not estimated",
+    "cpu-tiny": "TP2·DP1 on 1 × 2 (2 ranks)",
+    "deepseek-v2-lite": "EP8·DP16 on 2 × 8 (16 ranks)",
+    "llama3-70b": "TP8·PP2·VPP5·DP4 on 8 × 8 (64 ranks)",
+    "llama3-8b": "TP2·DP4 on 1 × 8 (8 ranks)",
+    "llama31-8b-from-hf": "TP2·DP4 on 1 × 8 (8 ranks)",
+    "megatron-bridge-recipe": "TP2·DP4 on 1 × 8 (8 ranks)",
+    "megatron-lm-pretrain-gpt": "TP2·DP8 on 2 × 8 (16 ranks), memory not estimated",
+    "mixtral-8x7b": "TP2·PP4·EP8·DP4 on 4 × 8 (32 ranks)",
+}
 
-        return plan(load_file(ROOT / "examples" / f"{name}.yaml").spec).to_dict(False)
 
-    ds = plan_of("deepseek-v2-lite")
-    assert (ds["tensor"], ds["expert"], ds["sequenceParallel"], ds["nodes"]) == (8, 2, True, 2)
-    assert (ds["globalBatchSize"], ds["microBatchSize"]) == (64, 1)
-    tiny = plan_of("cpu-tiny")
-    assert (tiny["tensor"], tiny["worldSize"]) == (2, 2)
-    big = plan_of("llama3-70b")
-    assert (big["tensor"], big["pipeline"]) == (4, 2) and big["nodes"] > 1
-    assert plan_of("mixtral-8x7b")["expert"] > 1
-    assert plan_of("llama3-8b")["nodes"] == 1
+def test_every_example_has_its_intended_layout() -> None:
+    assert sorted(INTENDED) == [p.stem for p in EXAMPLES]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_validate_prints_the_intended_layout(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["validate", str(path)]) == 0
+    assert f"is valid: {INTENDED[path.stem]}" in capsys.readouterr().out
+
+
+def _plan(name: str) -> dict[str, object]:
+    from megatron_operator.api import load_file
+    from megatron_operator.core.planner import plan
+
+    return plan(load_file(ROOT / "examples" / f"{name}.yaml").spec).to_dict(False)
+
+
+def test_deepseek_is_the_bridge_layout_with_its_own_routing() -> None:
+    from megatron_operator.api import load_file
+    from megatron_operator.core.planner import plan
+
+    ds = _plan("deepseek-v2-lite")
+    # TP1 · EP8: no expert tensor parallelism, so no 1,408-wide expert is cut into 176-wide
+    # shards; the 8 expert ranks are one pod's 8 GPUs.
+    assert (ds["tensor"], ds["expert"], ds["expertTensor"]) == (1, 8, 1)
+    assert ds["procsPerNode"] == ds["expert"]
+    model = plan(load_file(ROOT / "examples" / "deepseek-v2-lite.yaml").spec).model
+    assert model is not None and model.moe is not None and model.mla is not None
+    assert model.moe.router_pre_softmax  # softmax over all experts, then top-6
+    assert model.rope_scaling is None  # 4K pre-training: plain RoPE (YaRN is refused by name)
+
+
+def test_llama3_70b_fits_without_full_recompute() -> None:
+    from megatron_operator.api import load_file
+
+    big = _plan("llama3-70b")
+    spec = load_file(ROOT / "examples" / "llama3-70b.yaml").spec
+    assert spec.training is not None and spec.training.recompute != "full"
+    assert spec.resources.gpu_memory_gib == 70
+    assert big["memory"]["perGpuGiB"] <= 70  # type: ignore[index]
+    assert big["tensor"] == 8 and big["sequenceParallel"]  # TP inside the NVLink domain
+
+
+def test_the_tiny_example_fits_kinds_storage() -> None:
+    from megatron_operator.api import load_file
+
+    spec = load_file(ROOT / "examples" / "cpu-tiny.yaml").spec
+    create = spec.checkpoint.volume.create
+    assert create is not None and create.access_modes == ["ReadWriteOnce"]
+    assert create.storage_class_name is None  # the cluster's default class
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in EXAMPLES if "\n  trainer:\n" in p.read_text()],
+    ids=lambda p: p.stem,
+)
+def test_a_commands_variables_are_the_operators(path: Path) -> None:
+    import re
+
+    from megatron_contract.env import OWNED
+    from megatron_operator.api import load_file
+
+    spec = load_file(path).spec
+    assert spec.trainer is not None
+    words = [*spec.trainer.command, *spec.trainer.args]
+    names = {m for w in words for m in re.findall(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)", w)}
+    assert names and names <= OWNED, names - OWNED
+    if "MEGATRON_DATA_DIR" in names:
+        assert spec.data is not None and spec.data.volume is not None

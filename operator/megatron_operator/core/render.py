@@ -238,7 +238,7 @@ def _layout_env(job: MegatronJob, plan: Plan) -> dict[str, str]:
         e.EP: str(d.ep),
         e.ETP: str(d.etp),
         e.DP: str(d.dp),
-        e.SEQUENCE_PARALLEL: "1" if d.sequence_parallel else "0",
+        e.SEQUENCE_PARALLEL: "true" if d.sequence_parallel else "false",
         e.CHECKPOINT_DIR: checkpoint_dir(job),
     }
     data = job.spec.data
