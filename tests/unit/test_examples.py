@@ -120,3 +120,13 @@ def test_a_commands_variables_are_the_operators(path: Path) -> None:
     assert names and names <= OWNED, names - OWNED
     if "MEGATRON_DATA_DIR" in names:
         assert spec.data is not None and spec.data.volume is not None
+
+
+def test_the_license_file_is_the_one_pyproject_names() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == {"text": "Apache-2.0"}
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text  # the whole text, not a stub
