@@ -56,8 +56,9 @@ cmd_run() {
     NNODES="$nodes" NPROC_PER_NODE="$procs" WORLD_SIZE="$((nodes * procs))" \
     MEGATRON_CONFIG=/etc/megatron/config.json MEGATRON_JOB_NAME="$job" \
     MEGATRON_RESTART_ATTEMPT="${SLURM_RESTART_COUNT:-0}" \
-    MEGATRON_PROGRESS_FILE="/mnt/checkpoints/progress-$job.jsonl" \
-    MEGATRON_REPORT_TO_POD=false
+    MEGATRON_PROGRESS_FILE="/mnt/checkpoints/progress-$job.jsonl"
+  # No MEGATRON_PROGRESS_LEASE: without an apiserver, progress goes to that file and stdout.
+  unset MEGATRON_PROGRESS_LEASE
   srun --ntasks-per-node=1 --container-image="$sqsh" --container-mounts="$mounts" \
     --container-workdir=/opt/megatron-operator --no-container-mount-home \
     bash -c 'NODE_RANK=$SLURM_NODEID POD_NAME=$SLURMD_NODENAME exec python -m megatron_trainer'

@@ -8,7 +8,7 @@ from typing import Any, get_args
 from megatron_contract.recipes import RECIPES
 
 from .cel import SPEC_RULES, TRANSITION_RULES
-from .crd import crd
+from .crd import PRINTER_COLUMNS, crd
 from .spec import FailureReason
 from .status import ConditionType, Phase, Reason
 
@@ -18,8 +18,7 @@ _INTRO = """\
 Generated from the pydantic models by `python -m megatron_operator.api.gen`; a test fails when this
 file is stale. `kubectl explain megatronjob.spec` shows the same descriptions.
 
-Short names: `mj`, `mjob`. Namespaced, with a status subresource. Printer columns: Phase, Layout,
-GPUs, Restarts, Progress, Age.
+Short names: `mj`, `mjob`. Namespaced, with a status subresource. Printer columns: {columns}.
 """
 
 _CHANGES = """\
@@ -28,7 +27,7 @@ _CHANGES = """\
 | fields | may change |
 |---|---|
 | `spec.model`, `spec.training.globalBatchSize`, `spec.checkpoint.volume`, `spec.checkpoint.path` | never: checkpoints and the data order depend on them |
-| `spec.image`, `imagePullPolicy`, `parallelism`, `resources`, `topology`, `data`, `env`, `priorityClassName`, `checkpoint.shardingType`, the other `training` fields | only while the job stays suspended (`spec.suspend: true` before and after): a resize, e.g. fewer nodes with a new `data` size |
+| `spec.image`, `imagePullPolicy`, `parallelism`, `resources`, `topology`, `data`, `env`, `priorityClassName`, `trainer`, `template`, `checkpoint.shardingType`, the other `training` fields | only while the job stays suspended (`spec.suspend: true` before and after): a resize, e.g. fewer nodes with a new `data` size |
 | `spec.suspend`, `restartPolicy`, `ttlSecondsAfterFinished`, `training.trainIters`, `training.logInterval`, `profiling`, `checkpoint.saveInterval`, `keep`, `async`, `gracePeriodSeconds` | any time; pod-level settings apply from the next attempt |
 
 The apiserver enforces this with CEL transition rules; the operator checks it again for objects
@@ -45,7 +44,9 @@ Reasons the operator assigns: `Error` (the trainer exited non-zero), `OOMKilled`
 was OOM-killed), `Evicted` (the kubelet evicted the pod), `DisruptionTarget` (the pod condition set
 on an API eviction, a drain or a taint), `Preempted` (DisruptionTarget by the scheduler's
 preemption), `NodeLost` (the pod's node is NotReady or gone), `PodDeleted` (someone deleted a
-running pod), `Hang` (Running with no progress for `hangTimeoutSeconds`), `KueueEviction`.
+running pod), `Hang` (Running with no progress for `hangTimeoutSeconds`), `KueueEviction` (Kueue
+took the quota back), `StartupTimeout` (not every pod Running `startupTimeoutSeconds` after the
+first was scheduled).
 
 Built-in defaults, after your rules:
 
@@ -56,6 +57,28 @@ Built-in defaults, after your rules:
 | 3 | exit code 143 (the trainer saved a checkpoint after SIGTERM) | `RestartNotCounted` |
 | 4 | exit code 17 (the loss or gradients became NaN/Inf; nothing was saved for that step) | `Fail` |
 | 5 | anything else | `Restart` |
+"""
+
+
+_TEMPLATE = """\
+## The pod template
+
+`spec.template` lays the cluster's conventions over every pod the operator renders, as a
+strategic merge patch of a PodSpec would: `volumes`, `initContainers`, `containers` and
+`imagePullSecrets` merge by name (an entry named like one of the operator's replaces it, any other
+is added); the container named `trainer` merges its `env` (by name), `envFrom`, `volumeMounts`
+(by mount path) and `resources` entries (key by key) into the operator's trainer container;
+labels, annotations, `nodeSelector` and `securityContext` merge key by key; `affinity` terms and
+`tolerations` are added to the operator's (one pod per node and the topology packing hold);
+`schedulerName`, `runtimeClassName` and `dnsConfig` are set. What the operator owns is refused by
+the CRD and by `mjob validate`, each with why: `restartPolicy`, `hostname`, `subdomain`,
+`serviceAccountName`, `serviceAccount`, `nodeName`, `terminationGracePeriodSeconds` and
+`priorityClassName`; the volumes `config`, `checkpoints`, `dshm`, `megatron-data` and
+`megatron-init` and their mount paths; the contract env (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
+every `MEGATRON_` name, …); the `megatron.dev/` and `kueue.x-k8s.io/` labels; and the trainer
+container's image, command, arguments and other fields. Nested Kubernetes objects (a volume's
+source, a probe, an affinity term) are kept as given and checked by the apiserver when the pod is
+created; a refusal shows on the job as `CreateFailure` with the apiserver's message.
 """
 
 
@@ -88,7 +111,9 @@ def _rows(node: dict[str, Any], prefix: str, out: list[str]) -> None:
 
 def render() -> str:
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    lines = [_INTRO, "## Spec", "", "| field | type | required | default | description |"]
+    columns = ", ".join(c["name"] for c in PRINTER_COLUMNS)
+    lines = [_INTRO.format(columns=columns), "## Spec", ""]
+    lines += ["| field | type | required | default | description |"]
     lines.append("|---|---|---|---|---|")
     _rows(schema["properties"]["spec"], "spec", lines)
     lines += ["", "## Status", "", "| field | type | required | default | description |"]
@@ -106,7 +131,7 @@ def render() -> str:
     lines += ["", "## Recipes", "", "| recipe | fields |", "|---|---|"]
     for name, fields in RECIPES.items():
         lines.append(f"| `{name}` | `{json.dumps(fields, separators=(', ', ': '))}` |")
-    lines += ["", _CHANGES, _FAILURES]
+    lines += ["", _CHANGES, _FAILURES, _TEMPLATE]
     lines += [
         "## Server-side validation",
         "",

@@ -134,7 +134,11 @@ class MegatronJobStatus(ApiModel):
         None, description="Short progress for printing, e.g. '1200/5000 loss 2.31'."
     )
     layout: str | None = Field(None, description="Parallel layout, e.g. TP8·PP2·DP4.")
-    gpus: int | None = Field(None, description="GPUs the job holds when running.")
+    gpus: int | None = Field(
+        None,
+        description="GPUs the job's pods request (nodes × procsPerNode; 0 on CPU), whether or "
+        "not they are running now.",
+    )
     world_size: int | None = Field(None, description="Total ranks.")
     start_time: str | None = Field(None, description="When the job was first started.")
     running_since: str | None = Field(None, description="When the current attempt became Running.")
