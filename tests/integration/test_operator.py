@@ -36,8 +36,9 @@ def test_cpu_and_llama70b_examples_run(cluster: Cluster, namespace: str, operato
     spec = big["spec"]
     spec["resources"]["nodes"] = 4  # a rack holds 4 kwok nodes
     spec["resources"]["gpuMemoryGiB"] = 141  # DP4 shards the optimizer less: H200s
-    spec["resources"]["requests"] = {"cpu": "8", "memory": "64Gi"}  # kwok nodes have no rdma/ib
-    spec["resources"]["limits"] = {}
+    spec["resources"]["requests"] = {"cpu": "8", "memory": "64Gi"}
+    spec["resources"].pop("network")  # kwok nodes have no rdma/ib
+    spec["data"].pop("volume")  # no dataset claim here (kwok runs no trainer to read it)
     spec["topology"]["key"] = cluster.rack_key
     spec["checkpoint"]["volume"]["create"]["storageClassName"] = cluster.default_storage_class
     spec["checkpoint"]["volume"]["create"]["size"] = "1Gi"
@@ -75,14 +76,14 @@ def test_cpu_and_llama70b_examples_run(cluster: Cluster, namespace: str, operato
         assert pvc["metadata"]["labels"]["megatron.dev/job-name"] == name
 
     st = wait_phase(cluster, ns, "llama3-70b", "Running")
-    assert st["layout"] == "TP4·PP2·VPP5·DP4"
+    assert st["layout"] == "TP8·PP2·VPP5·DP2"
     assert st["gpus"] == 32
     wait_phase(cluster, ns, "cpu-tiny", "Running")
     table = cluster.kubectl("get", "mj", "-n", ns).stdout
     header = table.splitlines()[0].split()
     assert header == ["NAME", "PHASE", "LAYOUT", "GPUS", "RESTARTS", "PROGRESS", "QUEUE", "AGE"]
     row = next(line.split() for line in table.splitlines() if line.startswith("llama3-70b"))
-    assert row[1:5] == ["Running", "TP4·PP2·VPP5·DP4", "32", "0"]
+    assert row[1:5] == ["Running", "TP8·PP2·VPP5·DP2", "32", "0"]
 
 
 def test_unschedulable_pods_are_explained(cluster: Cluster, namespace: str, operator: Op) -> None:
@@ -130,7 +131,19 @@ def test_one_failure_restarts_the_whole_gang(
     assert condition(st, "Restarting")["status"] == "False"  # type: ignore[index]
     warnings = [e for e in events(cluster, ns, "gang") if e["type"] == "Warning"]
     assert any(e["reason"] == "Restarting" and "gang-a0-1" in e["message"] for e in warnings)
-    assert 'megatronjob_restarts_total{name="gang"' in operator.metrics()
+    # The evidence: one event for the attempt naming the failed pod, and that pod kept, Failed
+    # (holding nothing), after the restart; the other pods of attempt 0 are gone.
+    reports = [e for e in warnings if e["reason"] == "AttemptFailed"]
+    assert len(reports) == 1 and reports[0]["message"].startswith("attempt 0: 1 pod(s) failed")
+    assert "gang-a0-1" in reports[0]["message"] and "exited 1" in reports[0]["message"]
+    assert st["keptPods"] == ["gang-a0-1"]
+    left = {p["metadata"]["name"]: p for p in pods(cluster, ns, "gang")}
+    assert set(left) == {"gang-a0-1", "gang-a1-0", "gang-a1-1", "gang-a1-2"}
+    assert left["gang-a0-1"]["status"]["phase"] == "Failed"
+    metrics = operator.metrics()
+    assert 'megatronjob_restarts_total{name="gang",namespace="' in metrics
+    # Every reason's counter exists from the job's first sight (at 0 for the unused ones).
+    assert 'megatronjob_restarts_total{name="gang",namespace="' + ns + '",reason="Hang"} 0.0' in metrics
 
 
 def test_past_max_restarts_fails_and_frees_gpus(

@@ -1,0 +1,234 @@
+"""The opened pod on a real apiserver, scheduler and kwok nodes: spec.template, the data claim and
+the evidence, with `mjob operator` running.
+
+- the apiserver refuses every operator-owned field set through the template, with a message
+  naming it (the same table `mjob validate` is tested with: tests/unit/template_cases.py);
+- one job uses all of it (a data claim, an annotation, an imagePullSecrets entry, an env var from
+  a Secret, a native and an ordinary sidecar) and its pods carry each one;
+- a pod the apiserver finds invalid becomes the CreateFailure condition with its message;
+- `mjob status` tells the story of a job on the current kubeconfig;
+- the chart's admission policy enforces its template allow-lists.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from tests.unit.template_cases import FULL_TEMPLATE, REFUSED, Refused
+
+from .conftest import REPO, Cluster
+from .operator_support import (
+    Op,
+    condition,
+    install_crd,
+    operator,  # noqa: F401 - fixture
+    pods,
+    status,
+    tiny_gpu_job,
+    wait_phase,
+    wait_pods,
+)
+
+CHART = str(REPO / "charts" / "megatron-operator")
+
+
+@pytest.fixture(scope="module")
+def custom(cluster: Cluster) -> Any:
+    import kubernetes
+
+    install_crd(cluster)
+    return kubernetes.client.CustomObjectsApi(cluster.api_client())
+
+
+def _dry_run(custom: Any, namespace: str, doc: dict[str, Any]) -> str | None:
+    """None when the apiserver accepts the job, else its message."""
+    try:
+        custom.create_namespaced_custom_object(
+            "megatron.dev", "v1alpha1", namespace, "megatronjobs", doc, dry_run="All"
+        )
+    except ApiException as exc:
+        return str(json.loads(exc.body).get("message", exc.body))
+    return None
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=[c.id for c in REFUSED])
+def test_the_apiserver_refuses_each_owned_field_by_name(
+    custom: Any, namespace: str, case: Refused
+) -> None:
+    doc = tiny_gpu_job("probe", nodes=1, template=case.template)
+    message = _dry_run(custom, namespace, doc)
+    assert message is not None, "the apiserver accepted an operator-owned field"
+    assert case.field in message and case.why in message, message
+
+
+def test_the_full_template_is_accepted(custom: Any, namespace: str) -> None:
+    assert _dry_run(custom, namespace, tiny_gpu_job("full", nodes=1, template=FULL_TEMPLATE)) is None
+
+
+def _objects(cluster: Cluster, ns: str) -> None:
+    """What the template names: a Secret, a ConfigMap, registry credentials, data claims, and
+    the RuntimeClass (the apiserver refuses a pod naming one that does not exist)."""
+    cluster.apply(
+        {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
+         "handler": "nvidia"}
+    )  # fmt: skip
+    config = {"auths": {"registry.example": {"auth": "dXNlcjpwYXNz"}}}
+    for doc in (
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "wandb"},
+         "stringData": {"api-key": "s3cr3t"}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "team-settings"},
+         "data": {"TEAM": "pretraining"}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "registry-creds"},
+         "type": "kubernetes.io/dockerconfigjson",
+         "stringData": {".dockerconfigjson": json.dumps(config)}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
+        for name in ("corpus", "lustre")
+    ):  # fmt: skip
+        cluster.apply(doc, ns)
+
+
+def test_one_job_uses_all_of_it(cluster: Cluster, namespace: str, operator: Op) -> None:
+    ns = namespace
+    _objects(cluster, ns)
+    cluster.apply(
+        tiny_gpu_job("open", nodes=2, template=FULL_TEMPLATE, data={"volume": {"claimName": "corpus"}}),
+        ns,
+    )
+    running = wait_pods(cluster, ns, "open", 2, phase="Running", timeout=90)
+    wait_phase(cluster, ns, "open", "Running")
+    for pod in running:
+        meta, spec = pod["metadata"], pod["spec"]
+        assert meta["annotations"]["k8s.v1.cni.cncf.io/networks"] == "ib-sriov"
+        assert meta["labels"]["team"] == "pretraining"
+        assert spec["imagePullSecrets"] == [{"name": "registry-creds"}]
+        claims = {
+            v["name"]: v["persistentVolumeClaim"]
+            for v in spec["volumes"]
+            if "persistentVolumeClaim" in v
+        }
+        assert claims["megatron-data"] == {"claimName": "corpus", "readOnly": True}
+        assert claims["datasets"]["claimName"] == "lustre"
+        trainer = next(c for c in spec["containers"] if c["name"] == "trainer")
+        env = {e["name"]: e for e in trainer["env"]}
+        assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "wandb", "key": "api-key"}
+        assert env["MEGATRON_DATA_DIR"]["value"] == "/mnt/data"
+        assert {"name": "megatron-data", "mountPath": "/mnt/data", "readOnly": True} in trainer[
+            "volumeMounts"
+        ]
+        assert [c["name"] for c in spec["containers"]] == ["trainer", "metrics-exporter"]
+        [sidecar] = spec["initContainers"]
+        assert sidecar["name"] == "log-shipper" and sidecar["restartPolicy"] == "Always"
+        assert spec["runtimeClassName"] == "nvidia" and spec["restartPolicy"] == "Never"
+    # The Secret's value is nowhere in the job or its ConfigMap: only the pods read it.
+    job_text = json.dumps(cluster.kubectl_json("get", "mj", "-n", ns, "open"))
+    config_text = json.dumps(cluster.kubectl_json("get", "configmap", "-n", ns, "open-config"))
+    assert "s3cr3t" not in job_text and "s3cr3t" not in config_text
+
+
+def test_a_pod_the_apiserver_refuses_is_a_create_failure(
+    cluster: Cluster, namespace: str, operator: Op
+) -> None:
+    # Two sources in one volume: the CRD keeps volume sources as given, the pod's own
+    # validation refuses them when the operator creates the pod.
+    bad = {"spec": {"volumes": [{"name": "two", "emptyDir": {}, "hostPath": {"path": "/tmp"}}]}}
+    cluster.apply(tiny_gpu_job("refused", nodes=1, template=bad), namespace)
+    st = wait_phase(cluster, namespace, "refused", "Failed", timeout=60)
+    created = condition(st, "CreateFailure")
+    assert created is not None and created["status"] == "True", st
+    assert "may not specify more than 1 volume type" in created["message"], created
+    assert pods(cluster, namespace, "refused") == []
+
+
+def test_mjob_status_tells_the_story(cluster: Cluster, namespace: str, operator: Op) -> None:
+    ns = namespace
+    cluster.apply(tiny_gpu_job("story", nodes=2), ns)
+    wait_pods(cluster, ns, "story", 2, phase="Running", attempt=0, timeout=90)
+    wait_phase(cluster, ns, "story", "Running")
+    cluster.fail_pod(ns, "story-a0-1", exit_code=3, wait=False)
+    wait_pods(cluster, ns, "story", 2, phase="Running", attempt=1, timeout=90)
+    wait_phase(cluster, ns, "story", "Running")
+    proc = subprocess.run(
+        [sys.executable, "-m", "megatron_operator.cli.main", "status", "story", "-n", ns],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith(f"MegatronJob {ns}/story: Running, attempt 1 (1 restarts, 1 counted")
+    assert "Error (story-a0-1 on " in out and "exit 3) → Restart" in out
+    kept = next(line for line in out.splitlines() if line.strip().startswith("story-a0-1"))
+    assert "Failed" in kept and "kept for its logs" in kept
+    assert "AttemptFailed" in out and "attempt 0: 1 pod(s) failed: pod story-a0-1" in out
+    missing = subprocess.run(
+        [sys.executable, "-m", "megatron_operator.cli.main", "status", "nope", "-n", ns],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        timeout=120,
+        check=False,
+    )
+    assert missing.returncode == 2 and f"no MegatronJob 'nope' in namespace '{ns}'" in missing.stderr
+
+
+def test_the_admission_policy_holds_the_template_allow_lists(
+    cluster: Cluster, namespace: str, custom: Any
+) -> None:
+    release = "tpl"
+    cluster.helm(
+        "install", release, CHART, "-n", namespace, "--wait=false",
+        "--set", "crds.install=false",
+        "--set", "admissionPolicy.enabled=true",
+        "--set", "admissionPolicy.imagePrefixes={registry.example/,trainer:}",
+        "--set", "admissionPolicy.template.allowedFields={volumes,containers,initContainers,imagePullSecrets}",
+        "--set", "admissionPolicy.template.allowedSchedulerNames={default-scheduler}",
+    )  # fmt: skip
+    policy = f"{release}-megatron-operator-limits"
+    try:
+
+        def attempt(template: dict[str, Any]) -> str:
+            doc = tiny_gpu_job("vap", nodes=1, template=template)
+            proc = cluster.kubectl(
+                "create", "--dry-run=server", "-n", namespace, "-f", "-",
+                input=yaml.safe_dump(doc), check=False,
+            )  # fmt: skip
+            return "" if proc.returncode == 0 else proc.stderr
+
+        host = {"spec": {"volumes": [{"name": "h", "hostPath": {"path": "/var/run"}}]}}
+        deadline = time.monotonic() + 30  # the apiserver loads a new policy within seconds
+        while not attempt(host) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        cases = {
+            "hostPath": (host, "only these volume types are allowed"),
+            "a field not allowed": (
+                {"spec": {"runtimeClassName": "nvidia"}},
+                "spec.template.spec.runtimeClassName is not allowed in this cluster",
+            ),
+            "a sidecar from elsewhere": (
+                {"spec": {"containers": [{"name": "x", "image": "docker.io/evil:1"}]}},
+                "spec.template.spec.containers: an image is not from an allowed registry",
+            ),
+        }
+        for name, (template, message) in cases.items():
+            err = attempt(template)
+            assert policy in err and message in err, f"{name}: {err!r}"
+        allowed = {
+            "spec": {
+                "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "lustre"}}],
+                "containers": [{"name": "x", "image": "registry.example/exporter:1"}],
+            }
+        }
+        assert attempt(allowed) == ""
+    finally:
+        cluster.helm("uninstall", release, "-n", namespace, check=False)
