@@ -70,7 +70,9 @@ def test_the_apiserver_refuses_each_owned_field_by_name(
 
 
 def test_the_full_template_is_accepted(custom: Any, namespace: str) -> None:
-    assert _dry_run(custom, namespace, tiny_gpu_job("full", nodes=1, template=FULL_TEMPLATE)) is None
+    assert (
+        _dry_run(custom, namespace, tiny_gpu_job("full", nodes=1, template=FULL_TEMPLATE)) is None
+    )
 
 
 def _objects(cluster: Cluster, ns: str) -> None:
@@ -89,9 +91,12 @@ def _objects(cluster: Cluster, ns: str) -> None:
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "registry-creds"},
          "type": "kubernetes.io/dockerconfigjson",
          "stringData": {".dockerconfigjson": json.dumps(config)}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
-         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
-        for name in ("corpus", "lustre")
+        *[
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+             "spec": {"accessModes": ["ReadWriteMany"],
+                      "resources": {"requests": {"storage": "1Gi"}}}}
+            for name in ("corpus", "lustre")
+        ],
     ):  # fmt: skip
         cluster.apply(doc, ns)
 
@@ -100,7 +105,9 @@ def test_one_job_uses_all_of_it(cluster: Cluster, namespace: str, operator: Op) 
     ns = namespace
     _objects(cluster, ns)
     cluster.apply(
-        tiny_gpu_job("open", nodes=2, template=FULL_TEMPLATE, data={"volume": {"claimName": "corpus"}}),
+        tiny_gpu_job(
+            "open", nodes=2, template=FULL_TEMPLATE, data={"volume": {"claimName": "corpus"}}
+        ),
         ns,
     )
     running = wait_pods(cluster, ns, "open", 2, phase="Running", timeout=90)
@@ -119,7 +126,10 @@ def test_one_job_uses_all_of_it(cluster: Cluster, namespace: str, operator: Op) 
         assert claims["datasets"]["claimName"] == "lustre"
         trainer = next(c for c in spec["containers"] if c["name"] == "trainer")
         env = {e["name"]: e for e in trainer["env"]}
-        assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "wandb", "key": "api-key"}
+        assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+            "name": "wandb",
+            "key": "api-key",
+        }
         assert env["MEGATRON_DATA_DIR"]["value"] == "/mnt/data"
         assert {"name": "megatron-data", "mountPath": "/mnt/data", "readOnly": True} in trainer[
             "volumeMounts"
@@ -179,7 +189,9 @@ def test_mjob_status_tells_the_story(cluster: Cluster, namespace: str, operator:
         timeout=120,
         check=False,
     )
-    assert missing.returncode == 2 and f"no MegatronJob 'nope' in namespace '{ns}'" in missing.stderr
+    assert (
+        missing.returncode == 2 and f"no MegatronJob 'nope' in namespace '{ns}'" in missing.stderr
+    )
 
 
 def test_the_admission_policy_holds_the_template_allow_lists(
