@@ -143,7 +143,10 @@ def test_one_failure_restarts_the_whole_gang(
     metrics = operator.metrics()
     assert 'megatronjob_restarts_total{name="gang",namespace="' in metrics
     # Every reason's counter exists from the job's first sight (at 0 for the unused ones).
-    assert 'megatronjob_restarts_total{name="gang",namespace="' + ns + '",reason="Hang"} 0.0' in metrics
+    assert (
+        'megatronjob_restarts_total{name="gang",namespace="' + ns + '",reason="Hang"} 0.0'
+        in metrics
+    )
 
 
 def test_past_max_restarts_fails_and_frees_gpus(

@@ -1,5 +1,5 @@
 """spec.template cases shared by the unit parity test (the models against the CRD's CEL,
-tests/unit/test_template.py) and the real apiserver (tests/integration/test_open_pods.py).
+tests/unit/test_template.py) and the real apiserver (tests/integration/test_operator_open_pods.py).
 
 Each refused case sets one operator-owned field through the template; `field` is the path both
 `mjob validate` and the apiserver must name (the apiserver's path may go deeper, e.g. into a

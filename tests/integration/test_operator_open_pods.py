@@ -31,7 +31,6 @@ from .operator_support import (
     install_crd,
     operator,  # noqa: F401 - fixture
     pods,
-    status,
     tiny_gpu_job,
     wait_phase,
     wait_pods,
