@@ -1,0 +1,205 @@
+"""Your own code, and the evidence of failures, on real kubelets (opt-in: MEGATRON_REAL_NODES=1).
+
+One cluster for the module (the `real_cluster` fixture: 1 kwok node and 2 real ones), the chart's
+operator pod on real-node-0, the trainer image built from Dockerfile.trainer (CPU torch):
+
+- a plain torch.distributed script (examples/scripts/torch_ddp.py, in the trainer image at the
+  path examples/byo-torch-ddp.yaml names) as spec.trainer.command on two pods: world size and
+  ranks right, rank 1 failing on attempt 0 gives one gang restart, the job Succeeds, its
+  progress lines reach the job's status through the Lease; the failed pod of attempt 0 is still
+  there after the restart and its log (`kubectl logs`, `mjob logs`) shows the failing rank's lines;
+- an image that does not exist: PodsStarted names ErrImagePull or ImagePullBackOff within 60 s,
+  and at startupTimeoutSeconds the pods are deleted (what they requested is released) and the job
+  fails by its rule.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .real_nodes_support import REAL_LABEL, RealCluster, real_cluster  # noqa: F401 - fixture
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "megatron-operator"
+OPERATOR_NS = "megatron-system"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def operator(real_cluster: RealCluster) -> Iterator[RealCluster]:  # noqa: F811
+    """`helm install` of the chart with the locally built operator image, on real-node-0."""
+    c = real_cluster
+    repo, tag = c.image("operator").rsplit(":", 1)
+    c.kubectl("create", "namespace", OPERATOR_NS)
+    c.helm(
+        "install", "mo", str(CHART), "-n", OPERATOR_NS,
+        "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
+        "--set-string", "nodeSelector.kubernetes\\.io/hostname=real-node-0",
+        "--set", "resources.requests.cpu=100m",
+        "--wait", "--timeout", "300s",
+        timeout=330,
+    )  # fmt: skip
+    try:
+        yield c
+    finally:
+        logs = c.kubectl(
+            "logs", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=megatron-operator",
+            "--tail", "200", check=False,
+        )  # fmt: skip
+        print("--- operator log (tail)\n" + logs.stdout + logs.stderr, file=sys.stderr)
+
+
+def new_ns(c: RealCluster, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    c.kubectl("create", "namespace", name)
+    return name
+
+
+def job_doc(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "megatron.dev/v1alpha1",
+        "kind": "MegatronJob",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def base_spec(image: str) -> dict[str, Any]:
+    return {
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "resources": {
+            "nodes": 2,
+            "procsPerNode": 1,
+            "accelerator": "none",
+            "requests": {"cpu": "500m", "memory": "1Gi"},
+            "shmSize": "256Mi",
+            "nodeSelector": {REAL_LABEL: "real"},
+        },
+        "checkpoint": {
+            "volume": {
+                "create": {
+                    "storageClassName": "shared-hostpath",
+                    "size": "1Gi",
+                    "accessModes": ["ReadWriteMany"],
+                }
+            },
+            "gracePeriodSeconds": 30,
+        },
+        "restartPolicy": {
+            "maxRestarts": 3,
+            "backoffSeconds": 1,
+            "maxBackoffSeconds": 5,
+            "hangTimeoutSeconds": 600,
+        },
+    }
+
+
+def status(c: RealCluster, ns: str, name: str) -> dict[str, Any]:
+    st: dict[str, Any] = c.kubectl_json("get", "mj", "-n", ns, name).get("status") or {}
+    return st
+
+
+def wait_phase(c: RealCluster, ns: str, name: str, phase: str, timeout: float) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        st = status(c, ns, name)
+        return st if st.get("phase") == phase else None
+
+    result: dict[str, Any] = c.wait(reached, timeout, 1.0, f"{ns}/{name} {phase}")
+    return result
+
+
+def test_a_torch_distributed_script_restarts_once_and_succeeds(operator: RealCluster) -> None:
+    c = operator
+    ns = new_ns(c, "byo")
+    spec = base_spec(c.image("trainer"))
+    spec["trainer"] = {
+        "command": ["python", "examples/scripts/torch_ddp.py"],
+        "args": [
+            "--steps=12", "--save-interval=3", "--checkpoint-dir=$(MEGATRON_CHECKPOINT_DIR)",
+            "--attempt=$(MEGATRON_RESTART_ATTEMPT)", "--fail-at-step=7", "--fail-rank=1",
+        ],
+    }  # fmt: skip
+    c.apply(job_doc("ddp", spec), ns)
+    st = wait_phase(c, ns, "ddp", "Succeeded", timeout=600)
+    assert (st["restarts"], st["restartAttempt"]) == (1, 1), st
+    assert st["lastFailure"]["pod"] == "ddp-a0-1" and st["lastFailure"]["exitCode"] == 1
+    # Progress from the script's `ITERATION LOSS` lines, forwarded to the Lease by node 0.
+    assert st["progress"]["iteration"] == 12 and st["progress"]["checkpointIteration"] == 12
+    assert st["progressSummary"].startswith("step 12 loss ")
+    # Evidence: attempt 0's failed pod is still there, Failed, with the failing rank's lines.
+    assert st["keptPods"] == ["ddp-a0-1"]
+    kept = c.pod(ns, "ddp-a0-1")
+    assert kept["status"]["phase"] == "Failed"
+    failed_log = c.logs(ns, "ddp-a0-1")
+    assert "torch_ddp: rank 1 fails at step 7 (attempt 0)" in failed_log
+    assert "local rank 0 exited with 1; stopping the others" in failed_log
+    mjob_logs = subprocess.run(
+        [sys.executable, "-m", "megatron_operator.cli.main", "logs", "ddp", "-n", ns,
+         "--attempt", "0", "--rank", "1"],
+        capture_output=True, text=True, env=c.env, timeout=120, check=False,
+    )  # fmt: skip
+    assert mjob_logs.returncode == 0 and "rank 1 fails at step 7" in mjob_logs.stdout
+    # World size and ranks: rank 0 saw both ranks, one in each pod; the resume happened.
+    rank0 = c.logs(ns, "ddp-a1-0")
+    assert "torch_ddp: world size 2, ranks [(0, 0, 'ddp-0'), (1, 0, 'ddp-1')]" in rank0
+    assert "torch_ddp: resumed from step 6 (attempt 1)" in rank0
+    assert "torch_ddp: done, 12 steps" in rank0
+    events = c.kubectl_json(
+        "get", "events", "-n", ns, "--field-selector", "involvedObject.name=ddp"
+    )
+    reports = [e["message"] for e in events["items"] if e["reason"] == "AttemptFailed"]
+    assert len(reports) == 1 and "pod ddp-a0-1" in reports[0] and "exited 1" in reports[0]
+
+
+def test_an_image_that_does_not_exist_is_named_and_released(operator: RealCluster) -> None:
+    c = operator
+    ns = new_ns(c, "noimg")
+    spec = base_spec("localhost/megatron-operator/does-not-exist:1")
+    spec["model"] = {"recipe": "gpt-tiny"}
+    spec["training"] = {"globalBatchSize": 8, "trainIters": 10, "precision": "fp32"}
+    spec["data"] = {"mock": True}
+    spec["restartPolicy"].update(
+        startupTimeoutSeconds=45, rules=[{"action": "Fail", "reasons": ["StartupTimeout"]}]
+    )
+    applied = time.monotonic()
+    c.apply(job_doc("noimg", spec), ns)
+
+    def named() -> dict[str, Any] | None:
+        cond = next(
+            (x for x in status(c, ns, "noimg").get("conditions", []) if x["type"] == "PodsStarted"),
+            None,
+        )
+        ok = (
+            cond
+            and cond["status"] == "False"
+            and cond["reason"] in ("ErrImagePull", "ImagePullBackOff")
+        )
+        return cond if ok else None
+
+    cond = c.wait(named, 60, 1.0, "PodsStarted naming the image pull")
+    assert time.monotonic() - applied <= 60
+    assert cond["message"].startswith("pod noimg-a0-"), cond
+    assert "does-not-exist" in cond["message"], cond  # the kubelet's own words
+    st = wait_phase(c, ns, "noimg", "Failed", timeout=120)
+    failed_at = time.monotonic()
+    assert st["lastFailure"]["reason"] == "StartupTimeout", st
+    assert "startupTimeoutSeconds" in st["lastFailure"]["message"]
+
+    # Released: no pod of the job holds anything once the job failed (none was Failed to keep).
+    def gone() -> bool:
+        items = c.kubectl_json("get", "pods", "-n", ns, "-l", "megatron.dev/job-name=noimg")
+        return not items["items"]
+
+    c.wait(gone, 60, 1.0, "the pods deleted")
+    # The timeout counts from the first pod's scheduling, a few seconds after the apply.
+    assert 45 <= failed_at - applied <= 45 + 60
