@@ -142,3 +142,23 @@ def test_set_applies_to_every_command(capsys: pytest.CaptureFixture[str]) -> Non
 def test_crd_command_prints_the_crd(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["crd"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["kind"] == "CustomResourceDefinition"
+
+
+def test_mjob_run_local_says_what_it_cannot_do() -> None:
+    from megatron_operator.api import load_file
+    from megatron_operator.cli.run import local_notes
+
+    root = Path(__file__).resolve().parents[2]
+    assert local_notes(load_file(root / "examples" / "cpu-tiny.yaml")) == []
+    job = load_file(
+        root / "examples" / "cpu-tiny.yaml",
+        [
+            "template.spec.containers=[{name: trainer, env: [{name: KEY, valueFrom: "
+            "{secretKeyRef: {name: s, key: k}}}]}, {name: exporter, image: x:1}]",
+            "data.volume.claimName=corpus",
+        ],
+    )
+    notes = local_notes(job)
+    assert "env from Secrets, ConfigMaps or the pod (KEY) is not set locally" in notes
+    assert "the template's other containers (exporter) do not run locally" in notes
+    assert any("data.volume (/mnt/data → <workdir>/data)" in n for n in notes)

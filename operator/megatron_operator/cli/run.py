@@ -85,6 +85,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"note: spec.image ({job.spec.image}) is ignored locally: each pod runs as a process "
         f"group with {sys.executable}"
     )
+    for note in local_notes(job):
+        display.event(f"note: {note}")
     display.event(
         f"running {job.name}: {p.layout_string()}, {p.nodes} pod(s) × {p.procs_per_node} "
         f"rank(s) on {'CPU' if p.accelerator == 'none' else p.accelerator}; workdir {workdir}"
@@ -98,6 +100,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = runner.summarize(result)
     _print_summary(summary, result.exit_code)
     return result.exit_code
+
+
+def local_notes(job: Any) -> list[str]:
+    """What of the spec a local run cannot do, said before it starts rather than left out."""
+    notes = []
+    template = job.spec.template
+    pod = template.spec if template is not None else None
+    if pod is not None:
+        trainer = next((c for c in pod.containers or [] if c.name == "trainer"), None)
+        refs = [e.name for e in (trainer.env or []) if e.value_from is not None] if trainer else []
+        if refs:
+            notes.append(
+                f"env from Secrets, ConfigMaps or the pod ({', '.join(refs)}) is not set locally"
+            )
+        extra = [c.name for c in [*(pod.init_containers or []), *(pod.containers or [])]]
+        extra = [n for n in extra if n != "trainer"]
+        if extra:
+            notes.append(f"the template's other containers ({', '.join(extra)}) do not run locally")
+    claims = []
+    if job.spec.data is not None and job.spec.data.volume is not None:
+        claims.append("data.volume (/mnt/data → <workdir>/data)")
+    init = job.spec.checkpoint.init
+    if init is not None and init.volume is not None:
+        claims.append("checkpoint.init.volume (/mnt/init → <workdir>/init)")
+    if claims:
+        notes.append(f"claims are not mounted locally: {', '.join(claims)}")
+    return notes
 
 
 def _print_summary(summary: dict[str, Any], code: int) -> None:
