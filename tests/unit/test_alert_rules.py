@@ -33,9 +33,9 @@ def promtool() -> str:
     return paths["promtool"]
 
 
-def series(name: str, values: str, **labels: str) -> dict[str, str]:
+def series(metric: str, values: str, **labels: str) -> dict[str, str]:
     inner = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    return {"series": f"{name}{{{inner}}}", "values": values}
+    return {"series": f"{metric}{{{inner}}}", "values": values}
 
 
 def firing(alert: str, at: str, *labelsets: dict[str, str]) -> dict[str, Any]:
