@@ -274,20 +274,23 @@ def test_pod_deletes_carry_the_pods_uid(cluster: Cluster, namespace: str) -> Non
 
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
-RDMA_EXAMPLE = "llama3-70b"  # rdma/ib: IPC_LOCK, which no level but privileged allows
+# An RDMA fabric (resources.network.fabric) or an rdma/* request adds IPC_LOCK, which no level
+# but privileged allows.
+RDMA_EXAMPLES = {"llama3-70b", "deepseek-v2-lite", "megatron-lm-pretrain-gpt"}
 
 
-def test_rdma_is_only_the_excluded_example() -> None:
-    """The one example left out below is left out for its rdma/* request (IPC_LOCK)."""
+def test_rdma_is_only_the_excluded_examples() -> None:
+    """The examples left out below are left out for their fabric or rdma/* request (IPC_LOCK)."""
     for path in (REPO / "examples").glob("*.yaml"):
-        assert ("rdma/" in path.read_text()) == (path.stem == RDMA_EXAMPLE), path.name
+        rdma = "rdma/" in path.read_text() or "fabric: infiniband" in path.read_text()
+        assert rdma == (path.stem in RDMA_EXAMPLES), path.name
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_rendered_pods_pass_pod_security_restricted(
     cluster: Cluster, namespace: str, path: Path
 ) -> None:
-    """Every example's pods are admitted at `restricted`; the RDMA one is refused, which also
+    """Every example's pods are admitted at `restricted`; the RDMA ones are refused, which also
     shows the apiserver enforces the level here."""
     ns = namespace
     cluster.kubectl(
@@ -314,7 +317,7 @@ def test_rendered_pods_pass_pod_security_restricted(
         input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rendered}),
         check=False,
     )
-    if path.stem == RDMA_EXAMPLE:
+    if path.stem in RDMA_EXAMPLES:
         assert proc.returncode != 0 and "IPC_LOCK" in proc.stderr, proc.stderr
         return
     assert proc.returncode == 0, f"{path.name}: {proc.stderr}"
