@@ -60,7 +60,8 @@ def command_config(tmp: Path, mode: str) -> dict[str, Any]:
     return cfg
 
 
-def launch(cfg: dict[str, Any], tmp: Path, sigterm_after: float | None = None) -> tuple[int, str]:
+def launch(cfg: dict[str, Any], tmp: Path, sigterm: bool = False) -> tuple[int, str]:
+    """Run the launcher; with `sigterm`, send it SIGTERM once both ranks have started."""
     path = write_config(cfg, tmp / "config.json")
     env = {**pod_env(cfg, path, free_port()), "MEGATRON_PROGRESS_FILE": str(tmp / "progress.jsonl")}
     proc = subprocess.Popen(
@@ -70,11 +71,18 @@ def launch(cfg: dict[str, Any], tmp: Path, sigterm_after: float | None = None) -
         stderr=subprocess.STDOUT,
         text=True,
     )
-    if sigterm_after is not None:
-        time.sleep(sigterm_after)
+    seen = []
+    if sigterm:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        while sum("argv" in line for line in seen) < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
         proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
-    return proc.returncode, out
+    return proc.returncode, "".join(seen) + out
 
 
 def test_each_rank_runs_the_command_with_its_own_expansion(tmp_path: Path) -> None:
@@ -100,7 +108,7 @@ def test_a_failing_rank_stops_the_others_with_its_code(tmp_path: Path) -> None:
 
 
 def test_sigterm_reaches_every_rank(tmp_path: Path) -> None:
-    code, out = launch(command_config(tmp_path, "sleep"), tmp_path, sigterm_after=3.0)
+    code, out = launch(command_config(tmp_path, "sleep"), tmp_path, sigterm=True)
     assert code == ExitCode.SIGTERM, out
 
 
