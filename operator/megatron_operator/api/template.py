@@ -32,6 +32,7 @@ from pydantic.alias_generators import to_camel
 
 from megatron_contract import env as contract_env
 from megatron_contract import paths
+from megatron_contract.bounds import MAX_DURATION_SECONDS
 from megatron_contract.choices import ACCELERATORS, CPU
 
 from .base import (
@@ -48,7 +49,6 @@ from .base import (
 MAX_LIST: Final = 64  # volumes, containers, mounts, secrets, tolerations
 MAX_ENV: Final = 256
 MAX_STRING: Final = 4096
-MAX_GRACE_SECONDS: Final = 30 * 86400
 
 TRAINER_CONTAINER: Final = paths.CONTAINER_NAME
 OWNED_LABEL_PREFIXES: Final = (f"{GROUP}/", "kueue.x-k8s.io/")
@@ -541,7 +541,7 @@ class TemplatePodSpec(ApiModel):
     service_account: Text | None = Field(None, description="The operator's: refused.")
     node_name: Text | None = Field(None, description="The operator's: refused.")
     termination_grace_period_seconds: int | None = Field(
-        None, ge=0, le=MAX_GRACE_SECONDS, description="The operator's: refused."
+        None, ge=0, le=MAX_DURATION_SECONDS, description="The operator's: refused."
     )
     priority_class_name: Text | None = Field(None, description="The operator's: refused.")
 
