@@ -38,11 +38,35 @@ def series(metric: str, values: str, **labels: str) -> dict[str, str]:
     return {"series": f"{metric}{{{inner}}}", "values": values}
 
 
+@cache
+def annotations() -> dict[str, dict[str, str]]:
+    """Each alert's annotations as the chart renders them (with their $labels templates)."""
+    rule = one(render("alerts.enabled=true"), "PrometheusRule")
+    return {r["alert"]: r["annotations"] for g in rule["spec"]["groups"] for r in g["rules"]}
+
+
+def expanded(alert: str, labels: dict[str, str]) -> dict[str, str]:
+    """The annotations Prometheus gives a firing alert: $labels filled in."""
+    out = {}
+    for key, template in annotations()[alert].items():
+        text = template
+        for name, value in labels.items():
+            text = text.replace("{{ $labels." + name + " }}", value)
+        out[key] = text
+    return out
+
+
 def firing(alert: str, at: str, *labelsets: dict[str, str]) -> dict[str, Any]:
     return {
         "eval_time": at,
         "alertname": alert,
-        "exp_alerts": [{"exp_labels": {**labels, "severity": sev(alert)}} for labels in labelsets],
+        "exp_alerts": [
+            {
+                "exp_labels": {**labels, "severity": sev(alert)},
+                "exp_annotations": expanded(alert, labels),
+            }
+            for labels in labelsets
+        ],
     }
 
 
@@ -108,7 +132,7 @@ PENDING = [
 ]
 PENDING_TESTS = [
     silent("MegatronJobPending", "10m"),
-    firing("MegatronJobPending", "20m", job("p")),
+    firing("MegatronJobPending", "20m", {**job("p"), "phase": "Pending"}),
 ]
 
 
@@ -128,12 +152,13 @@ def operator_tests() -> list[dict[str, Any]]:
     }
     standby_only = {
         "interval": "1m",
-        # The leader is gone at 2 min; the standby stays ready but does not lead: fires after
-        # operatorNotReadyFor (5m).
+        # The leader's last scrape is at 1 min (its series go stale 5 min later, at 6 min); the
+        # standby stays ready but does not lead: fires operatorNotReadyFor (5m) after that.
         "input_series": [*operator("1 1 _x18", "1 1 _x18", "a"), *operator("1x20", "0x20", "b")],
         "alert_rule_test": [
             silent("MegatronOperatorNotReady", "5m"),
-            firing("MegatronOperatorNotReady", "9m", {}),
+            silent("MegatronOperatorNotReady", "10m"),
+            firing("MegatronOperatorNotReady", "13m", {}),
         ],
     }
     nothing = {

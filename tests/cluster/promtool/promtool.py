@@ -1,10 +1,18 @@
-"""`cluster promtool` (tests/cluster/cluster): Prometheus's promtool, for `promtool test rules` over the chart's alerts.
+"""`cluster promtool` (tests/cluster/cluster): Prometheus's promtool, for `promtool test rules` over
+the chart's alerts. It is not part of `cluster build`: the control plane's cache key and cold
+build are unchanged, and the first test that needs it fetches it. In order:
 
-Built from its Go module like every other tool here (pinned in VERSION, next to this file), into
-a cache directory of its own: ~/.cache/megatron-operator/promtool/<version>/promtool. It is not
-part of `cluster build`, so the control plane's cache key and cold build are unchanged; the first
-test that needs it builds it (about 10 minutes cold on 2 cores), later ones reuse it. A promtool
-already on PATH (e.g. Debian's `prometheus` package, promtool 2.42) is used as it is.
+1. a promtool on PATH, as it is;
+2. one fetched or built before, from ~/.cache/megatron-operator/promtool/;
+3. Debian's: `apt-get download prometheus` (the ordinary client; nothing is installed) and its
+   /usr/bin/promtool taken out of the .deb with `dpkg-deb -x` (promtool 2.42 on bookworm, about
+   10 s);
+4. else built from its Go module at the version in VERSION (next to this file), as every other
+   tool here is built. It brings most of Prometheus's service-discovery dependencies (cloud SDKs
+   among them): about an hour of a 2-core machine under the load of parallel builds.
+
+`promtool test rules` has read the same test files since Prometheus 2.x; tests/unit/
+test_alert_rules.py passes with both (2.42 and v0.316.0).
 
 Python standard library only.
 """
@@ -46,16 +54,51 @@ def _lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def debian_dir() -> Path:
+    return cache_dir().parent / "debian"
+
+
+def from_debian() -> Path | None:
+    """Debian's promtool out of its package (no install), or None where apt cannot fetch it."""
+    if not (shutil.which("apt-get") and shutil.which("dpkg-deb")):
+        return None
+    binary = debian_dir() / "promtool"
+    with _lock(cache_dir().parent / ".build.lock"):
+        if os.access(binary, os.X_OK):
+            return binary
+        with tempfile.TemporaryDirectory() as tmp:
+            got = subprocess.run(
+                ["apt-get", "download", "prometheus"],
+                cwd=tmp,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            debs = sorted(Path(tmp).glob("prometheus_*.deb"))
+            if got.returncode != 0 or not debs:
+                print(f"apt-get download prometheus failed: {got.stderr[-500:]}", file=sys.stderr)
+                return None
+            subprocess.run(["dpkg-deb", "-x", str(debs[0]), f"{tmp}/x"], check=True)
+            debian_dir().mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f"{tmp}/x/usr/bin/promtool", binary)
+            (debian_dir() / "PACKAGE").write_text(debs[0].name + "\n")
+    return binary
+
+
 def ensure() -> Path:
-    """The promtool binary: on PATH, cached, or built now."""
+    """The promtool binary: on PATH, cached, Debian's, or built now."""
     found = shutil.which("promtool")
     if found:
         return Path(found)
     binary = cache_dir() / "promtool"
-    if os.access(binary, os.X_OK):
-        return binary
+    for cached in (binary, debian_dir() / "promtool"):
+        if os.access(cached, os.X_OK):
+            return cached
+    debian = from_debian()
+    if debian is not None:
+        return debian
     if shutil.which("go") is None:
-        sys.exit("promtool needs Go to build (or `apt-get install prometheus` for Debian's)")
+        sys.exit("promtool: neither apt-get (Debian's package) nor go (its Go module) is here")
     with _lock(cache_dir().parent / ".build.lock"):
         if os.access(binary, os.X_OK):
             return binary
