@@ -31,6 +31,7 @@ from .operator_support import (
     install_crd,
     operator,  # noqa: F401 - fixture
     pods,
+    status,
     tiny_gpu_job,
     wait_phase,
     wait_pods,
@@ -109,7 +110,11 @@ def test_one_job_uses_all_of_it(cluster: Cluster, namespace: str, operator: Op) 
         ),
         ns,
     )
-    running = wait_pods(cluster, ns, "open", 2, phase="Running", timeout=90)
+    try:
+        running = wait_pods(cluster, ns, "open", 2, phase="Running", timeout=90)
+    except AssertionError as exc:
+        seen = [(p["metadata"]["name"], p.get("status")) for p in pods(cluster, ns, "open")]
+        raise AssertionError(f"{exc}; status {status(cluster, ns, 'open')}; pods {seen}") from None
     wait_phase(cluster, ns, "open", "Running")
     for pod in running:
         meta, spec = pod["metadata"], pod["spec"]

@@ -51,9 +51,10 @@ FULL_TEMPLATE: dict[str, Any] = {
                     {"name": "datasets", "mountPath": "/datasets", "readOnly": True},
                     {"name": "scratch", "mountPath": "/scratch"},
                 ],
+                # (the apiserver wants a memory or cpu entry beside hugepages)
                 "resources": {
-                    "requests": {"hugepages-2Mi": "1Gi"},
-                    "limits": {"hugepages-2Mi": "1Gi"},
+                    "requests": {"hugepages-2Mi": "1Gi", "memory": "8Gi"},
+                    "limits": {"hugepages-2Mi": "1Gi", "memory": "8Gi"},
                 },
             },
             {

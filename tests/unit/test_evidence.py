@@ -261,3 +261,31 @@ def test_an_ordinary_wait_is_no_problem() -> None:
         },
     }
     assert startup_problem(pod_view(raw), datetime(2026, 1, 1)) == (None, None)
+
+
+def test_pods_the_apiserver_refused_are_not_tried_again_until_the_spec_changes() -> None:
+    from megatron_operator.core.reconcile import World, reconcile
+
+    sim = _sim()
+    sim.step()
+    sim.pods.clear()  # the creates failed: the apiserver refused them (a 422)
+    sim.job["status"].pop("launchedAttempt", None)
+    world = World(
+        job=sim.job, pods=[], now=sim.now, rejection='Pod "job-a0-0" is invalid: spec.volumes'
+    )
+    out = reconcile(world)
+    sim.job["status"] = out.status
+    assert out.status["phase"] == "Failed"
+    created = next(c for c in out.status["conditions"] if c["type"] == "CreateFailure")
+    assert created["status"] == "True" and "spec.volumes" in created["message"]
+    for _ in range(3):  # later reconciles, the same spec: nothing is created again
+        sim.tick(60)
+        out = sim.step()
+        assert out.create == [] and sim.status["phase"] == "Failed"
+    assert (
+        next(c for c in sim.status["conditions"] if c["type"] == "CreateFailure")["status"]
+        == "True"
+    )
+    sim.job["metadata"]["generation"] = 2  # the spec changed: try again
+    out = sim.step()
+    assert sim.status["phase"] == "Pending" and out.create_pods

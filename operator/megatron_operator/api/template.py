@@ -46,7 +46,11 @@ from .base import (
     Toleration,
 )
 
-MAX_LIST: Final = 64  # volumes, containers, mounts, secrets, tolerations
+MAX_LIST: Final = 64  # volumes, mounts, secrets, tolerations
+# Containers (init and sidecars) and mount paths are bounded tighter: the CRD's rules look at
+# every mount of every container, and the apiserver prices that by these bounds.
+MAX_CONTAINERS: Final = 16
+MAX_MOUNT_PATH: Final = 1024
 MAX_ENV: Final = 256
 MAX_STRING: Final = 4096
 
@@ -214,7 +218,7 @@ class VolumeMount(ApiModel):
     """A volume mounted into a container."""
 
     name: Name = Field(description="The volume (spec.template.spec.volumes or the operator's).")
-    mount_path: Annotated[str, Field(min_length=1, max_length=MAX_STRING)] = Field(
+    mount_path: Annotated[str, Field(min_length=1, max_length=MAX_MOUNT_PATH)] = Field(
         description="Where in the container."
     )
     read_only: bool | None = Field(None, description="Mount read-only.")
@@ -496,14 +500,14 @@ class TemplatePodSpec(ApiModel):
     )
     init_containers: list[Container] | None = Field(
         None,
-        max_length=MAX_LIST,
+        max_length=MAX_CONTAINERS,
         description="Init containers, before the trainer starts; restartPolicy Always makes a "
         "native sidecar.",
         json_schema_extra=by_name(),
     )
     containers: list[Container] | None = Field(
         None,
-        max_length=MAX_LIST,
+        max_length=MAX_CONTAINERS,
         description="Sidecars, and `trainer`: extra env, envFrom, volumeMounts and resources for "
         "the trainer container.",
         json_schema_extra=by_name(),

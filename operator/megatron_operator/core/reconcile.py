@@ -58,7 +58,8 @@ from megatron_operator.core.render import children, pod
 
 Obj = dict[str, Any]
 C = ConditionType
-CONFLICT_RETRY_SECONDS = 15.0  # look again for the conflicting object to be gone
+CONFLICT_RETRY_SECONDS = 15.0
+REJECTED = "the apiserver rejected the pods rendered from it:"  # look again for the conflicting object to be gone
 CLOCK_SKEW_SECONDS = 60.0  # how far ahead of ours a pod's clock may be
 
 
@@ -239,17 +240,20 @@ class _Machine:
 
     # --- the steps
     def run(self) -> Outcome:
+        judged = self.st.observed_generation  # the spec generation the status speaks of
         job, p, errors = _validate(self.w, self.st.phase)
         if self.w.rejection is not None:
-            errors = [
-                FieldError(
-                    "spec", f"the apiserver rejected the pods rendered from it: {self.w.rejection}"
-                )
-            ]
+            errors = [FieldError("spec", f"{REJECTED} {self.w.rejection}")]
             # The apiserver's own words, as for any refusal (a template's field it validates).
             self.cond(C.CREATE_FAILURE, True, Reason.FAILED_CREATE, self.w.rejection[:1000])
         if job is None or p is None or errors:
             self.invalid(errors)
+            return self.done()
+        if self.rejected() and judged == self.generation:
+            # The same spec renders the same pods, which the apiserver refused: the job stays
+            # Failed, its CreateFailure condition with the apiserver's words, until the spec
+            # changes (not a create, a refusal and a revival every resync).
+            self.terminal(job, Phase.FAILED)
             return self.done()
         self.st.observed_generation = self.generation
         self.refused()
@@ -277,6 +281,15 @@ class _Machine:
         if self.st.phase in (Phase.SUCCEEDED, Phase.FAILED):
             self.ttl(job)  # it just finished: schedule the TTL now, not at the next resync
         return self.done()
+
+    def rejected(self) -> bool:
+        """Failed because the apiserver refused the pods the spec renders (a 422)."""
+        failed = next((c for c in self.st.conditions if c.get("type") == C.FAILED), {})
+        return (
+            self.st.phase == Phase.FAILED
+            and failed.get("reason") == Reason.INVALID_SPEC
+            and str(failed.get("message", "")).startswith(f"spec: {REJECTED}")
+        )
 
     def refused(self) -> None:
         """Show the apiserver's refusal on the job, and clear it once creation goes through."""
