@@ -68,42 +68,36 @@ from .real_nodes_support import (
     RealCluster,
     assert_nothing_left,
     real_nodes_requested,
+    uses_real_nodes,
 )
 
 __all__ = ["DRIVER", "REPO", "Cluster", "build_paths", "run_driver", "start_cluster"]
 
 INTEGRATION_DIR = Path(__file__).resolve().parent
-REAL_FIXTURE = "real_cluster"
-# Every integration test runs in the same pytest-xdist worker (`-n 2 --dist loadgroup`): they
-# share the session's clusters. The other worker runs the CPU-bound tests meanwhile.
-XDIST_GROUP = "clusters"
-
-
-def uses_real_nodes(item: pytest.Item) -> bool:
-    return REAL_FIXTURE in getattr(item, "fixturenames", ())
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test under tests/integration `integration` (before -m selects) and put them in
-    one xdist group; run the real-node tests last (in their modules' order), so that the real
+    """Mark every test under tests/integration `integration` (before -m selects); run the
+    real-node tests last (in their modules' order), so that in a one-process run the real
     cluster starts while the others run."""
     for item in items:
         if INTEGRATION_DIR in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.integration)
-            item.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
     items.sort(key=uses_real_nodes)  # stable: everything else keeps its order
 
 
 _EARLY = pytest.StashKey[EarlyStart]()
 
 
-def start_real_cluster_early(session: pytest.Session) -> None:
-    """Start the real cluster in the background if this session has real-node tests to run."""
-    if (
-        _EARLY not in session.stash
-        and real_nodes_requested()
-        and any(map(uses_real_nodes, session.items))
+def start_real_cluster_early(session: pytest.Session, now: bool = False) -> None:
+    """Start the real cluster in the background if this session has real-node tests to run.
+    Under xdist only the worker that runs them starts it (`now`, from the fixture): there they
+    have a worker of their own from the start (tests/conftest.py's groups)."""
+    if _EARLY in session.stash or not real_nodes_requested():
+        return
+    if now or (
+        not hasattr(session.config, "workerinput") and any(map(uses_real_nodes, session.items))
     ):
         session.stash[_EARLY] = EarlyStart()
 
@@ -226,7 +220,7 @@ def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
     """The session's one cluster with real nodes (see the module docstring)."""
     if not real_nodes_requested():
         pytest.skip(SKIP_REASON)
-    start_real_cluster_early(request.session)
+    start_real_cluster_early(request.session, now=True)
     c = request.session.stash[_EARLY].result()
     try:
         yield c

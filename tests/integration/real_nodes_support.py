@@ -38,6 +38,15 @@ def real_nodes_requested() -> bool:
     return os.environ.get(REAL_NODES_ENV, "").strip() != "0"
 
 
+REAL_FIXTURE = "real_cluster"
+
+
+def uses_real_nodes(item: Any) -> bool:
+    """Whether a collected test uses the session's real cluster (directly or through
+    real_operator)."""
+    return REAL_FIXTURE in getattr(item, "fixturenames", ())
+
+
 class RealCluster(Cluster):
     """A Cluster started with real nodes; `real` is cluster.json's "real_nodes"."""
 
