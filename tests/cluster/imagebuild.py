@@ -224,14 +224,6 @@ def build_base(b: Buildah, ref: str, archive: Path, logfile: Path) -> None:
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
-def host_pip_cache() -> Path:
-    """pip's cache directory on this machine (what `pip cache dir` prints)."""
-    if os.environ.get("PIP_CACHE_DIR"):
-        return Path(os.environ["PIP_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pip"
-
-
 def trust_mounts() -> list[tuple[Path, str]]:
     """The host's CA bundle and a pip.conf that uses it, mounted into RUN steps only (nothing is
     left in the image). Where PyPI is reached through a TLS-inspecting proxy, its CA is in the
@@ -269,12 +261,7 @@ def build_image(
         argv += ["--build-arg", f"{key}={value}"]
     for host, inside in trust_mounts():
         argv += ["--volume", f"{host}:{inside}:ro"]
-    if build_args.get("PIP_CACHE") == "mounted":
-        # The wheels pip already downloaded for the test environment (torch and the CUDA
-        # libraries are gigabytes): RUN steps only, nothing of it lands in a layer.
-        cache = host_pip_cache()
-        cache.mkdir(parents=True, exist_ok=True)
-        argv += ["--volume", f"{cache}:/root/.cache/pip"]
+
     argv.append(str(REPO))
     log(f"building {ref} from {dockerfile} (log: {logfile})")
     run_logged(argv, f"building {dockerfile}", logfile)
@@ -298,11 +285,7 @@ def ensure_images(verbose: bool = True) -> dict[str, Image]:
         out["base"] = base
         specs = (
             ("operator", "Dockerfile.operator", {"BASE": base_ref}),
-            (
-                "trainer",
-                "Dockerfile.trainer",
-                {"BASE": base_ref, "TORCH": "cpu", "PIP_CACHE": "mounted"},
-            ),
+            ("trainer", "Dockerfile.trainer", {"BASE": base_ref, "TORCH": "cpu"}),
         )
         todo = []
         for name, dockerfile, args in specs:
