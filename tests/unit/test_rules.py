@@ -107,6 +107,23 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         True,
     ),
     (
+        "sequence parallel splits seqLength / context over TP",
+        "spec.parallelism.sequenceParallel",
+        {
+            "parallelism.tensor": 4,
+            "parallelism.context": 2,
+            "parallelism.sequenceParallel": True,
+            "model.seqLength": 112,  # 56 tokens per CP rank, 14 per TP rank
+        },
+        {
+            "parallelism.tensor": 4,
+            "parallelism.context": 2,
+            "parallelism.sequenceParallel": True,
+            "model.seqLength": 108,  # 54 tokens per CP rank: 2·CP divides, TP does not
+        },
+        True,
+    ),
+    (
         "MoE with TP needs sequence parallel",
         "spec.parallelism.sequenceParallel",
         {"model.moe": MOE, "parallelism.tensor": 2, "parallelism.sequenceParallel": True},

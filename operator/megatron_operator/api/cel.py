@@ -169,6 +169,13 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".parallelism.sequenceParallel",
     ),
     rule(
+        f"!{P}.sequenceParallel || {TP} == 1 || !{present('seqLength')} || {SEQ} % {CP} != 0 || "
+        f"({SEQ} / {CP}) % {TP} == 0",
+        "sequence parallelism needs model.seqLength / parallelism.context divisible by "
+        "parallelism.tensor",
+        ".parallelism.sequenceParallel",
+    ),
+    rule(
         f"!{IS_MOE} || {TP} == 1 || {P}.sequenceParallel",
         "MoE models with tensor parallelism need sequenceParallel: true",
         ".parallelism.sequenceParallel",
