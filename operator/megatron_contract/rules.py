@@ -258,11 +258,6 @@ def _platform(lay: Layout) -> Iterator[Problem]:
             f"context parallelism is CUDA-only (it needs Transformer Engine attention): set "
             f"context: 1 {cuda}",
         )
-    if p.expert > 1:
-        yield Problem(
-            "parallelism.expert",
-            f"expert parallelism is CUDA-only in this trainer: set expert: 1 {cuda}",
-        )
     if p.sequence_parallel:
         yield Problem(
             "parallelism.sequenceParallel",

@@ -173,7 +173,7 @@ def _install_cpu_shims() -> None:
         def get_device_properties(self, device: Any = None) -> Any:
             return types.SimpleNamespace(major=9, minor=0, name="CPU standing in for a Hopper GPU")
 
-        def Stream(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - torch's name
+        def Stream(self, *args: Any, **kwargs: Any) -> Any:
             return _NoStream()
 
         def current_stream(self, *args: Any, **kwargs: Any) -> Any:
@@ -265,6 +265,7 @@ def main() -> int:
     _install_cpu_shims()
     from functools import partial
 
+    import megatron.core
     from gpt_builders import gpt_builder  # type: ignore[import-not-found]
     from megatron.core.enums import ModelType
     from megatron.training import get_args  # type: ignore[import-not-found]
@@ -274,8 +275,6 @@ def main() -> int:
         setup_model_and_optimizer,
     )
     from model_provider import model_provider  # type: ignore[import-not-found]
-
-    import megatron.core
 
     assert not megatron.core.__file__.startswith(root), "megatron.core must be the installed one"
     _wrap_load()

@@ -3,7 +3,7 @@ sufficient.
 
 Sufficient: a run that touches every patched path (MoE, PP=2 with interleaving, DP=2, async
 torch_dist saves in the fully_reshardable format, SIGTERM, and a resume onto a different pipeline
-layout) trains and resumes on CPU.
+and expert-parallel layout) trains and resumes on CPU.
 Needed: every patch was used by that run (each use is a CUDA call that raises on a machine without
 a GPU, shown here for each module's stand-in), and the pin to Megatron-Core 0.16.1 holds.
 """
@@ -30,11 +30,12 @@ MOE = {
 }  # fmt: skip
 
 
-def moe_config(ckpt: Path, pp: int, vpp: int | None) -> dict[str, object]:
+def moe_config(ckpt: Path, pp: int, vpp: int | None, ep: int = 1) -> dict[str, object]:
     cfg = tiny_config(
         ckpt, pp=pp, dp=4 // pp, vpp=vpp, trainIters=6, warmupIters=1, save_interval=3
     )
     cfg["model"]["moe"] = MOE
+    cfg["parallelism"].update(expert=ep, expertData=4 // pp // ep)
     cfg["checkpoint"].update(shardingType="fully_reshardable", **{"async": True})
     return cfg
 
@@ -62,8 +63,8 @@ def test_patches_are_sufficient_and_each_one_is_used(workdir: Path) -> None:
     assert "checkpoint 3: async save started" in stopped.output
     assert "checkpoint 3 complete" in stopped.output
 
-    # Resume the fully_reshardable checkpoint of iteration 5 onto PP=1 × DP=4.
-    resumed = run_trainer(moe_config(ckpt, pp=1, vpp=None), workdir, name="pp1")
+    # Resume the fully_reshardable checkpoint of iteration 5 onto PP=1 × DP=4 with EP=2.
+    resumed = run_trainer(moe_config(ckpt, pp=1, vpp=None, ep=2), workdir, name="pp1")
     assert resumed.returncode == 0, resumed.output[-4000:]
     assert "RESUME: loading checkpoint iteration 5" in resumed.output
     assert sorted(resumed.losses()) == [6]

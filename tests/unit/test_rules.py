@@ -267,17 +267,6 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         True,
     ),
     (
-        "expert parallelism is CUDA-only",
-        "spec.parallelism.expert",
-        {"model.moe": MOE, "parallelism.expert": 2},
-        {
-            **CPU,
-            "model.moe": {**MOE, "tokenDispatcher": "allgather"},
-            "parallelism.expert": 2,
-        },
-        True,
-    ),
-    (
         "CPU trains in fp32",
         "spec.training.precision",
         {**CPU, "training.precision": "fp32"},

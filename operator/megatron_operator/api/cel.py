@@ -252,11 +252,6 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".parallelism.context",
     ),
     rule(
-        f"{GPU} || {EP} == 1",
-        "expert parallelism is CUDA-only: set expert: 1 or resources.accelerator: nvidia.com/gpu",
-        ".parallelism.expert",
-    ),
-    rule(
         f"{GPU} || !has({T}.precision) || {T}.precision == 'fp32'",
         "with resources.accelerator: none use training.precision: fp32",
         ".training.precision",
