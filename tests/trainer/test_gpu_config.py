@@ -270,7 +270,7 @@ def test_context_parallel_without_te_is_a_config_error(tmp_path: Path) -> None:
     """Megatron-Core's local attention raises a ValueError at model build for CP > 1 (a restart
     loop with exit 1); without TE the rank refuses it with exit 78, naming the field."""
     assert not model_module.use_transformer_engine(CUDA)  # no TE on this machine
-    with pytest.raises(ConfigError, match="parallelism.context: context parallelism needs"):
+    with pytest.raises(ConfigError, match=r"parallelism\.context: context parallelism needs"):
         model_module.transformer_config_kwargs(build_config(tmp_path, "cp2"), CUDA)
 
 
