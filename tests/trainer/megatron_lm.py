@@ -34,9 +34,11 @@ What is ours here is only what lets Megatron-LM run without a GPU, all in this p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import types
@@ -129,6 +131,7 @@ def run_megatron_lm(
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     cwd=REPO_ROOT,
+                    start_new_session=True,  # a timeout kills the rank with its helpers
                 )
             )
     codes = []
@@ -137,7 +140,8 @@ def run_megatron_lm(
             codes.append(proc.wait(timeout=timeout))
         except subprocess.TimeoutExpired:
             for p in procs:
-                p.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
             codes.append(proc.wait())
     output = "".join(log.read_text() for log in logs)
     reports = [
