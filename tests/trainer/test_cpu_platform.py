@@ -1,9 +1,9 @@
 """The CPU platform's Megatron-Core patches (megatron_trainer/platform/cpu.py) are needed and
 sufficient.
 
-Sufficient: a run that touches every patched path (MoE, PP=2 with interleaving, DP=2, async
-torch_dist saves in the fully_reshardable format, SIGTERM, and a resume onto a different pipeline
-and expert-parallel layout) trains and resumes on CPU.
+Sufficient: a run that touches every patched path (MoE with expert parallelism 2, PP=2 with
+interleaving, DP=2, async torch_dist saves in the fully_reshardable format, SIGTERM, and a resume
+onto a different pipeline layout) trains and resumes on CPU.
 Needed: every patch was used by that run (each use is a CUDA call that raises on a machine without
 a GPU, shown here for each module's stand-in), and the pin to Megatron-Core 0.16.1 holds.
 """
@@ -30,12 +30,13 @@ MOE = {
 }  # fmt: skip
 
 
-def moe_config(ckpt: Path, pp: int, vpp: int | None, ep: int = 1) -> dict[str, object]:
+def moe_config(ckpt: Path, pp: int, vpp: int | None) -> dict[str, object]:
+    """MoE with expert parallelism 2 on 4 ranks."""
     cfg = tiny_config(
         ckpt, pp=pp, dp=4 // pp, vpp=vpp, trainIters=6, warmupIters=1, save_interval=3
     )
     cfg["model"]["moe"] = MOE
-    cfg["parallelism"].update(expert=ep, expertData=4 // pp // ep)
+    cfg["parallelism"].update(expert=2, expertData=4 // pp // 2)
     cfg["checkpoint"].update(shardingType="fully_reshardable", **{"async": True})
     return cfg
 
@@ -63,8 +64,8 @@ def test_patches_are_sufficient_and_each_one_is_used(workdir: Path) -> None:
     assert "checkpoint 3: async save started" in stopped.output
     assert "checkpoint 3 complete" in stopped.output
 
-    # Resume the fully_reshardable checkpoint of iteration 5 onto PP=1 × DP=4 with EP=2.
-    resumed = run_trainer(moe_config(ckpt, pp=1, vpp=None, ep=2), workdir, name="pp1")
+    # Resume the fully_reshardable checkpoint of iteration 5 onto PP=1 × DP=4.
+    resumed = run_trainer(moe_config(ckpt, pp=1, vpp=None), workdir, name="pp1")
     assert resumed.returncode == 0, resumed.output[-4000:]
     assert "RESUME: loading checkpoint iteration 5" in resumed.output
     assert sorted(resumed.losses()) == [6]

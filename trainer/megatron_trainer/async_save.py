@@ -69,6 +69,12 @@ class LocalRankCaller(PersistentAsyncCaller):  # type: ignore[misc]
             self.process = process
         super().schedule_async_call(async_req)
 
+    def close(self, abort: bool = False) -> None:
+        # Megatron-Core's close logs the global rank first, which raises once the process group
+        # is gone (as when the garbage collector closes an already closed caller at exit).
+        if self.process is not None:
+            super().close(abort=abort)
+
 
 class WriterQueue(AsyncCallsQueue):  # type: ignore[misc]
     """AsyncCallsQueue with one persistent LocalRankCaller."""
