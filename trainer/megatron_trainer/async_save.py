@@ -40,6 +40,7 @@ def worker_main(local_rank: int, is_cuda: bool, *queues_and_level: Any) -> None:
         from .platform import cpu
 
         cpu.install()
+        mp.set_sharing_strategy("file_system")  # type: ignore[no-untyped-call]
     # async_loop calls torch.cuda.set_device(rank % device_count()) with the rank it is given.
     PersistentAsyncCaller.async_loop(local_rank, *queues_and_level)
 
@@ -86,6 +87,13 @@ class WriterQueue(AsyncCallsQueue):  # type: ignore[misc]
 
 
 def writer_queue(local_rank: int, is_cuda: bool) -> AsyncCallsQueue:
+    if not is_cuda:
+        # On CPU the state dict's tensors themselves travel to the writer. torch's default
+        # ("file_descriptor") hands each storage over through a connection to this process's
+        # resource sharer, which was refused under load with several ranks per machine;
+        # "file_system" passes shared-memory names instead. (On CUDA the tensors travel as CUDA
+        # IPC handles and the writer copies them to the host itself.)
+        mp.set_sharing_strategy("file_system")  # type: ignore[no-untyped-call]
     return WriterQueue(local_rank, is_cuda)
 
 
