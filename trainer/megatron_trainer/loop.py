@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from .numerics import NonFiniteLoss, check_loss, is_non_finite_grad_error, nan_i
 from .platform import Platform, setup_platform
 from .progress import LeaseWriter, ProgressReporter, Report
 from .signals import StopFlag, inject_failures
+from .storage import profiles_dir, storage_for
 from .telemetry import ProfilerWindow, Scalars
 
 log = logging.getLogger(__name__)
@@ -216,13 +216,12 @@ class Trainer:
             cfg.progress.min_interval_seconds,
             env.restart_attempt,
         )
-        self.scalars = Scalars(
-            os.path.join(cfg.checkpoint.dir, "tensorboard") if is_rank0 else None
-        )
+        store = storage_for(cfg.checkpoint.dir)
+        self.scalars = Scalars(store.join(cfg.checkpoint.dir, "tensorboard") if is_rank0 else None)
         self.profiler = ProfilerWindow(
             cfg.profiling,
             self.rank,
-            os.path.join(cfg.checkpoint.dir, "profiles"),
+            profiles_dir(cfg.checkpoint.dir, env.restart_attempt),
             self.platform.is_cuda,
         )
         self._log_rank0("start-up took %.1fs", time.monotonic() - started)
@@ -384,6 +383,7 @@ class Trainer:
                 self.checkpointer.finalize(blocking=False)
             if self.checkpointer.newest != last_ckpt_reported:
                 last_ckpt_reported = self.checkpointer.newest
+                self.scalars.flush()
                 self.reporter.report(
                     Report(self.iteration, step.loss, tokens_per_s, mfu, last_ckpt_reported),
                     force=True,
