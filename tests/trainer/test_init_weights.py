@@ -37,7 +37,7 @@ def trained_tp2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def exported(trained_tp2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("export") / "hf"
-    assert export_hf(trained_tp2, out).name == "iter_0000002"
+    assert Path(export_hf(trained_tp2, out)).name == "iter_0000002"
     return out
 
 
@@ -67,7 +67,7 @@ def test_weights_from_a_tp2_checkpoint(
 
 def test_export_picks_iterations_and_shards(trained_tp2: Path, tmp_path: Path) -> None:
     first = tmp_path / "first"
-    assert export_hf(trained_tp2, first, iteration=1).name == "iter_0000001"
+    assert Path(export_hf(trained_tp2, first, iteration=1)).name == "iter_0000001"
     sharded = tmp_path / "sharded"
     export_hf(trained_tp2, sharded, iteration=1, max_shard_bytes=1_000_000)
     index = json.loads((sharded / "model.safetensors.index.json").read_text())

@@ -85,7 +85,8 @@ def _iteration_of(name: str) -> int | None:
     return int(name[5:])
 
 
-def _read_metadata(path: str) -> Any:
+def read_metadata(path: str) -> Any:
+    """The torch.distributed.checkpoint `.metadata` of a checkpoint directory or URL."""
     if is_msc_url(path):
         import multistorageclient
 
@@ -103,7 +104,7 @@ def incomplete_reason(path: str | Path) -> str | None:
         if store.size(store.join(path, name)) is None:
             return f"{name} is missing (the save was interrupted)"
     try:
-        metadata = _read_metadata(path)
+        metadata = read_metadata(path)
     except Exception as err:  # a truncated pickle raises anything from EOFError to ValueError
         return f".metadata is unreadable ({type(err).__name__}: {err})"
     needed: dict[str, int] = {}

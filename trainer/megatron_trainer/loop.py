@@ -35,7 +35,7 @@ from .numerics import NonFiniteLoss, check_loss, is_non_finite_grad_error, nan_i
 from .platform import Platform, setup_platform
 from .progress import LeaseWriter, ProgressReporter, Report
 from .signals import StopFlag, inject_failures
-from .storage import profiles_dir, storage_for
+from .storage import profiles_dir, storage_for, use_msc
 from .telemetry import ProfilerWindow, Scalars
 
 log = logging.getLogger(__name__)
@@ -247,7 +247,6 @@ class Trainer:
         """The first run starts from existing weights (checkpoint.init); returns the samples
         already consumed. Restarts never come here: they resume from the job's own checkpoint."""
         from .hf import load_hf_into_model
-        from .init_weights import load_megatron_weights
 
         if init.hugging_face is not None:
             # config.json was checked against spec.model by the launcher (validate.py).
@@ -256,6 +255,15 @@ class Trainer:
             self._log_rank0("INIT: %d tensors from the Hugging Face model %s", filled, path)
             self.optimizer.reload_model_params()  # the optimizer's fp32 copies of the weights
             return 0
+        assert init.megatron is not None
+        try:
+            return self._start_from_megatron(init)
+        finally:
+            use_msc(self.cfg.checkpoint.dir)  # the job's own checkpoints, after reading the init
+
+    def _start_from_megatron(self, init: InitConfig) -> int:
+        from .init_weights import load_megatron_weights
+
         assert init.megatron is not None
         m = init.megatron
         if m.load == "weights":
