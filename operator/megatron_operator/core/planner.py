@@ -102,13 +102,33 @@ class Plan:
         return self.world_size if self.accelerator != "none" else 0
 
     def layout_string(self) -> str:
-        """Short form for printing, e.g. TP8·PP2·DP4 (degrees of 1 omitted, except DP)."""
+        """Short form for printing, e.g. TP8·PP2·DP4 (degrees of 1 omitted, except DP; FSDP4 for
+        four data-parallel ranks sharding the model with Megatron FSDP)."""
         d = self.degrees
         parts = [("TP", d.tp), ("PP", d.pp), ("VPP", d.vpp or 1), ("CP", d.cp), ("EP", d.ep)]
         if d.etp != d.tp and d.ep > 1:
             parts.append(("ETP", d.etp))
         out = [f"{k}{v}" for k, v in parts if v > 1]
-        return "·".join([*out, f"DP{d.dp}"])
+        return "·".join([*out, f"{'FSDP' if d.fsdp else 'DP'}{d.dp}"])
+
+    def status_parallelism(self) -> dict[str, Any]:
+        """status.parallelism: the degrees the job runs with (for parallelism.auto, the
+        operator's choice) and the recompute they were planned with."""
+        d = self.degrees
+        out: dict[str, Any] = {
+            "tensor": d.tp,
+            "pipeline": d.pp,
+            "context": d.cp,
+            "expert": d.ep,
+            "expertTensor": d.etp,
+            "data": d.dp,
+            "sequenceParallel": d.sequence_parallel,
+            "fsdp": d.fsdp,
+            "recompute": self.training.recompute,
+        }
+        if d.vpp:
+            out["virtualPipeline"] = d.vpp
+        return out
 
     def _strides(self, dim: Dim) -> tuple[int, int]:
         d = self.degrees
