@@ -66,7 +66,9 @@ class S3Server:
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     proc.kill()
-                    raise RuntimeError(f"moto_server did not start: see {workdir / 'moto.log'}") from None
+                    raise RuntimeError(
+                        f"moto_server did not start: see {workdir / 'moto.log'}"
+                    ) from None
                 time.sleep(0.2)
         config = workdir / "msc_config.yaml"
         server = cls(proc, endpoint, bucket, config)

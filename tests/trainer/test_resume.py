@@ -77,7 +77,7 @@ def test_sigterm_saves_the_current_step_and_resume_continues_after_it(
 
 def test_sigterm_to_the_launcher_checkpoints_and_exits_143(workdir: Path) -> None:
     cfg = tiny_config(workdir / "ckpt", trainIters=200, save_interval=100)
-    cfg["profiling"] = {"startStep": 1, "endStep": 2, "ranks": [0]}
+    cfg["profiling"] = {"tool": "torch", "startStep": 1, "endStep": 2, "ranks": [0]}
     pods = start_trainer(cfg, workdir)
     deadline = time.monotonic() + 180
     while not any(r["iteration"] >= 2 for r in pods.progress()):

@@ -272,6 +272,20 @@ def layer_spec(
     return spec
 
 
+def fsdp_options(fsdp: bool) -> dict[str, Any]:
+    """DistributedDataParallelConfig fields for parallelism.fsdp, as Megatron-LM sets them for
+    --use-megatron-fsdp with --data-parallel-sharding-strategy optim_grads_params (its
+    arguments.py): weights, gradients and optimizer state all sharded over DP × CP."""
+    if not fsdp:
+        return {}
+    return {
+        "use_megatron_fsdp": True,
+        "data_parallel_sharding_strategy": "optim_grads_params",
+        "overlap_grad_reduce": True,
+        "overlap_param_gather": True,
+    }
+
+
 def build_model(cfg: TrainerConfig, platform: Platform, config: TransformerConfig) -> list[Any]:
     """Model chunks (one per virtual pipeline stage), wrapped for bf16 and in Megatron DDP."""
     spec, why = attention_choice(
@@ -314,11 +328,16 @@ def build_model(cfg: TrainerConfig, platform: Platform, config: TransformerConfi
         use_distributed_optimizer=True,
         # Fixed, not DP-dependent: the dp_reshardable optimizer format depends on buckets.
         bucket_size=40_000_000,
-        **ddp_options(platform.is_cuda),
+        **{**ddp_options(platform.is_cuda), **fsdp_options(cfg.parallelism.fsdp)},
     )
+    wrapper: Any = DistributedDataParallel
+    if cfg.parallelism.fsdp:
+        # Megatron FSDP (Megatron-LM's --use-megatron-fsdp): one unit a transformer layer.
+        from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
+
+        wrapper = FullyShardedDataParallel
     wrapped = [
-        DistributedDataParallel(config, ddp_config, module=m, disable_bucketing=i > 0)
-        for i, m in enumerate(chunks)
+        wrapper(config, ddp_config, module=m, disable_bucketing=i > 0) for i, m in enumerate(chunks)
     ]
     for m in wrapped:
         # All DP replicas start from DP rank 0's weights.

@@ -56,7 +56,14 @@ class Hardware:
 
 H100 = Hardware()
 # Shares of each communication left exposed after Megatron-Core's overlap.
-EXPOSED = {"tensor": 1.0, "context": 0.3, "expert": 1.0, "pipeline": 0.5, "data": 0.2}
+EXPOSED = {
+    "tensor": 1.0,
+    "context": 0.3,
+    "expert": 1.0,
+    "pipeline": 0.5,
+    "data": 0.2,
+    "fsdp": 0.4,  # gathers in the forward and the backward: less of it hides than DP's
+}
 RECOMPUTE_COST = {"none": 0.0, "selective": 0.05, "full": 1.0 / 3.0}
 TIGHT_MEMORY = 0.92  # above this share of gpuMemoryGiB a layout is marked (and costs) "tight"
 MAX_VIRTUAL = 8  # virtual stages tried per pipeline stage (Megatron recipes use 2 to 8)
@@ -241,13 +248,16 @@ def step_cost(
         mlp = 6 * tokens * dense_mlp / d.tp
     layer_flops = attention + mlp
     ideal = layers * micro * layer_flops / hw.peak_flops / hw.gemm_efficiency
-    # Smaller matrices per GPU run below the large-GEMM efficiency: ~4% per doubling of TP.
-    efficiency = 1.0 + 0.04 * math.log2(d.tp)
+    # Smaller matrices per GPU run below the large-GEMM efficiency: ~4% per halving of the
+    # weights by TP, and per halving of the tokens by CP below 4096 a GPU.
+    efficiency = 1.0 + 0.04 * math.log2(d.tp) + 0.04 * math.log2(max(1.0, 4096 / tokens))
     terms: list[Term] = [
         Term(
             "compute",
             efficiency - 1.0,
-            f"TP{d.tp} splits each GEMM {d.tp} ways" if d.tp > 1 else "whole GEMMs",
+            f"TP{d.tp}·CP{d.cp} shrink each GEMM {d.tp * d.cp}×"
+            if d.tp * d.cp > 1
+            else "whole GEMMs",
         )
     ]
     terms.append(
@@ -305,16 +315,26 @@ def step_cost(
         pipeline = bubble * busy + EXPOSED["pipeline"] * share(sends)
         why = f"bubble (PP{d.pp}-1)/(VPP{vpp}·{micro} microbatches) = {bubble:.1%}"
         terms.append(Term("pipeline", pipeline, why))
-    params = (layers * (_attention_params(m) + dense_mlp)) / d.tp  # dense weights on this GPU
-    if d.dp * d.cp > 1:
-        ranks = d.dp * d.cp
-        bw, link = bandwidth(d.tp * ranks)
-        passes, grad = (3.0, "FSDP gathers weights in both passes") if d.fsdp else (2.0, "")
-        moved = passes * (ranks - 1) / ranks * params * 4
-        why = grad or "gradient reduce-scatter + parameter all-gather"
-        terms.append(
-            Term("data", EXPOSED["data"] * share(moved / bw), f"{why} over {link} (DP{d.dp})")
+    # Weights on this GPU whose gradients are reduced over the data-parallel ranks: the dense
+    # ones over DP × CP, the experts' over expert-data (EP shrinks both their share and group).
+    dense = layers * (_attention_params(m) + (dense_mlp if m.moe is None else 0.0)) / d.tp
+    expert = 0.0
+    if m.moe is not None:
+        expert = (moe_layers / d.pp * m.moe.num_experts * _mlp_params(m, m.moe.ffn_hidden_size)) / (
+            d.ep * d.etp
         )
+    passes, exposed = (3.0, EXPOSED["fsdp"]) if d.fsdp else (2.0, EXPOSED["data"])
+    moved = 0.0
+    ranks = d.dp * d.cp
+    if ranks > 1:
+        moved += passes * (ranks - 1) / ranks * dense * 4
+    if d.edp > 1:
+        moved += passes * (d.edp - 1) / d.edp * expert * 4
+    if moved:
+        bw, link = bandwidth(d.tp * ranks)
+        why = "FSDP gathers weights in both passes" if d.fsdp else "gradient reduce-scatter + "
+        why = why if d.fsdp else why + "parameter all-gather"
+        terms.append(Term("data", exposed * share(moved / bw), f"{why} over {link} (DP{d.dp})"))
     if tight:
         terms.append(Term("memory", 0.02, "estimate above 92% of gpuMemoryGiB"))
     total = 1.0 + sum(x.share for x in terms)

@@ -141,7 +141,9 @@ def estimate(
         dense_bytes = (weight_grad + optim) / (d.dp * d.cp)
         expert_bytes = (weight_grad + optim) / d.edp
     else:
-        dense_bytes = weight_grad + (optim / d.dp if distributed_optimizer else optim)
+        # Megatron-Core's distributed optimizer shards over the data-parallel group with
+        # context parallelism (the trainer's DDP and optimizer use it): DP × CP ranks.
+        dense_bytes = weight_grad + (optim / (d.dp * d.cp) if distributed_optimizer else optim)
         expert_bytes = weight_grad + (optim / d.edp if distributed_optimizer else optim)
     weights = dense_per_gpu * dense_bytes + expert_per_gpu * expert_bytes
     if d.fsdp:
