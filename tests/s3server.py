@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ACCESS_KEY = "test-access-key"
 SECRET_KEY = "test-secret-key"
@@ -45,6 +45,7 @@ class S3Server:
     endpoint: str
     bucket: str
     msc_config: Path
+    log: IO[bytes]
     profile: str = "ckpt"
 
     @classmethod
@@ -66,12 +67,13 @@ class S3Server:
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     proc.kill()
+                    log.close()
                     raise RuntimeError(
                         f"moto_server did not start: see {workdir / 'moto.log'}"
                     ) from None
                 time.sleep(0.2)
         config = workdir / "msc_config.yaml"
-        server = cls(proc, endpoint, bucket, config)
+        server = cls(proc, endpoint, bucket, config, log)
         server.client().create_bucket(Bucket=bucket)
         config.write_text(
             "profiles:\n"
@@ -129,3 +131,4 @@ class S3Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        self.log.close()

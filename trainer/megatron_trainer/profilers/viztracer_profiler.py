@@ -16,7 +16,7 @@ class Plugin:
         self.tracer: Any = None
 
     def start(self) -> None:
-        from viztracer import VizTracer  # type: ignore[import-untyped]
+        from viztracer import VizTracer
 
         self.tracer = VizTracer(tracer_entries=TRACER_ENTRIES, verbose=0)
         self.tracer.start()
