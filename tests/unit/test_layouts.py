@@ -42,12 +42,14 @@ PUBLISHED = [
 ]
 
 
-def _published_spec(recipe: str, nodes: int, model: dict[str, Any], gbs: int) -> MegatronJobSpec:
+def _published_spec(
+    recipe: str, nodes: int, model: dict[str, Any], gbs: int, memory: float = 80
+) -> MegatronJobSpec:
     return MegatronJobSpec.model_validate(
         spec_of(
             {
                 "model": {"recipe": recipe, **model},
-                "resources": {"nodes": nodes, "procsPerNode": 8, "gpuMemoryGiB": 80},
+                "resources": {"nodes": nodes, "procsPerNode": 8, "gpuMemoryGiB": memory},
                 "training.globalBatchSize": gbs,
                 "training.microBatchSize": 1,
             }
@@ -71,6 +73,23 @@ def test_published_layout_is_valid_and_ranked(case: tuple[Any, ...]) -> None:
 # Where ours ranks each published layout (docs/layouts.md explains the gaps: the memory estimate
 # is conservative where the published layouts run close to 80 GiB, and Megatron FSDP ranks high).
 EXPECTED_RANK = {"llama3-8b": 52, "llama3-70b": 44, "mixtral-8x7b": 2, "deepseek-v2-lite": 7}
+
+
+# The same with the memory limit out of the way (96 GiB): what the cost model alone thinks.
+EXPECTED_RANK_UNBOUNDED = {
+    "llama3-8b": 1,
+    "llama3-70b": 8,
+    "mixtral-8x7b": 3,
+    "deepseek-v2-lite": 9,
+}
+
+
+@pytest.mark.parametrize("case", PUBLISHED, ids=[c[0] for c in PUBLISHED])
+def test_published_layout_rank_by_the_cost_model_alone(case: tuple[Any, ...]) -> None:
+    recipe, nodes, model, gbs, published = case
+    found = suggestions(_published_spec(recipe, nodes, model, gbs, memory=96.0))
+    layouts = [_layout(s.plan) for s in found]
+    assert layouts.index(published) + 1 == EXPECTED_RANK_UNBOUNDED[recipe]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
