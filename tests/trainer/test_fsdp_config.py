@@ -46,5 +46,7 @@ def test_megatron_fsdp_in_0_16_1_needs_cuda_streams() -> None:
     from megatron.core.distributed.fsdp import mcore_fsdp_adapter
     from megatron.core.distributed.fsdp.src.megatron_fsdp import megatron_fsdp
 
-    assert "torch.cuda.Stream()" in inspect.getsource(megatron_fsdp.MegatronFSDP)
+    source = inspect.getsource(megatron_fsdp.MegatronFSDP)
+    assert "torch.cuda.Stream()" in source
+    assert 'torch.device(f"cuda:{torch.cuda.current_device()}")' in source
     assert "torch.device(f'cuda:" in inspect.getsource(mcore_fsdp_adapter)
