@@ -28,7 +28,9 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     server.stop()
 
 
-def _spec(tmp: Path, name: str, checkpoint: dict[str, Any], extra: str = "") -> Path:
+def _spec(
+    tmp: Path, name: str, checkpoint: dict[str, Any], extra: str = "", file: str = ""
+) -> Path:
     text = f"""apiVersion: megatron.dev/v1alpha1
 kind: MegatronJob
 metadata: {{name: {name}}}
@@ -43,7 +45,7 @@ spec:
   checkpoint: {json.dumps({**checkpoint, "saveInterval": SAVE})}
   restartPolicy: {{backoffSeconds: 1}}
 {extra}"""
-    path = tmp / f"{name}.yaml"
+    path = tmp / f"{file or name}.yaml"
     path.write_text(text, encoding="utf-8")
     return path
 
@@ -59,10 +61,10 @@ def _run(spec: Path, workdir: Path, env: dict[str, str], *extra: str) -> dict[st
 def runs(s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """The same job, killed once at step 6, with checkpoints in a directory and in the bucket."""
     tmp = tmp_path_factory.mktemp("runs")
-    on_disk = _spec(tmp, "tiny", {"volume": {"claimName": "c"}, "keep": 2})
+    on_disk = _spec(tmp, "tiny", {"volume": {"claimName": "c"}, "keep": 2}, file="on-disk")
     in_bucket = _spec(
         tmp, "tiny", {"url": URL, "msc": {"configSecret": "msc-config"}, "keep": 2},
-        "  profiling: {tool: viztracer, startStep: 9, endStep: 10, ranks: [1]}\n",
+        "  profiling: {tool: viztracer, startStep: 9, endStep: 10, ranks: [1]}\n", "in-bucket",
     )  # fmt: skip
     return {
         "directory": _run(on_disk, tmp / "dir", s3.env(), "--inject-failure", KILL),
@@ -74,6 +76,8 @@ def test_killed_job_on_object_storage_matches_the_directory_job_bit_for_bit(
     runs: dict[str, dict[str, Any]],
 ) -> None:
     disk, bucket = runs["directory"], runs["bucket"]
+    assert disk["checkpointDir"].endswith("/checkpoints/tiny")  # a directory ...
+    assert bucket["checkpointDir"] == URL  # ... and the bucket
     assert disk["restarts"] == bucket["restarts"] == 1
     assert len(bucket["losses"]) == ITERS
     assert bucket["losses"] == disk["losses"]  # floats from JSON: bit for bit
@@ -127,3 +131,21 @@ def test_a_local_run_without_msc_config_is_refused_naming_the_variable(tmp_path:
     assert out.returncode == 2
     assert "spec.checkpoint.url" in out.stderr and "MSC_CONFIG" in out.stderr
     assert not (ROOT / "runs" / "no-config").exists()
+
+
+def test_async_save_to_the_bucket(s3: S3Server, tmp_path: Path) -> None:
+    """checkpoint.async: the shards are written by Megatron-Core's background writer (the
+    fork-per-save caller on CPU) through MSC; the tracker still comes last."""
+    url = "msc://ckpt/jobs/async"
+    spec = _spec(
+        tmp_path, "async-job", {"url": url, "msc": {"configSecret": "m"}, "async": True, "keep": 0}
+    )
+    summary = _run(spec, tmp_path / "w", s3.env(), "--set", "training.trainIters=8")
+    assert summary["checkpoints"] == [4, 8]
+    keys = s3.keys("jobs/async/")
+    assert (
+        "jobs/async/iter_0000004/.metadata" in keys and "jobs/async/iter_0000008/.metadata" in keys
+    )
+    assert s3.read("jobs/async/latest_checkpointed_iteration.txt").strip() == b"8"
+    log = next((tmp_path / "w" / "logs" / "attempt-0").glob("*.log")).read_text()
+    assert "checkpoint 4: async save started" in log
