@@ -166,3 +166,23 @@ def test_auto_that_fits_nowhere_names_the_field() -> None:
     with pytest.raises(SpecError) as err:
         plan(load_job(doc).spec)
     assert [e.path for e in err.value.errors] == ["spec.parallelism.auto"]
+
+
+def test_the_operator_writes_the_chosen_layout_into_status() -> None:
+    from .sim import Sim
+
+    doc = _auto_doc(resources={"nodes": 2, "procsPerNode": 8})
+    chosen = suggestions(load_job(doc).spec)[0].plan
+    doc["metadata"].update(uid="uid-auto", generation=1)
+    sim = Sim(job=doc)
+    sim.step()
+    assert sim.status["layout"] == chosen.layout_string()
+    assert sim.status["parallelism"] == chosen.status_parallelism()
+    assert (
+        sim.status["parallelism"]["data"]
+        * chosen.degrees.tp
+        * chosen.degrees.pp
+        * (chosen.degrees.cp)
+        == 16
+    )
+    assert len(sim.pods) == 2
