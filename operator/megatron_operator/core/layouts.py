@@ -67,6 +67,7 @@ EXPOSED = {
 RECOMPUTE_COST = {"none": 0.0, "selective": 0.05, "full": 1.0 / 3.0}
 TIGHT_MEMORY = 0.92  # above this share of gpuMemoryGiB a layout is marked (and costs) "tight"
 MAX_VIRTUAL = 8  # virtual stages tried per pipeline stage (Megatron recipes use 2 to 8)
+MEMORY_FIELD = "spec.resources.gpuMemoryGiB"  # the planner's memory-budget error
 
 
 @dataclass(frozen=True)
@@ -177,8 +178,10 @@ def suggest(
             )
             try:
                 planned = plan(candidate)
-            except SpecError:
-                continue  # breaks a rule, or does not fit: a heavier recompute may fit
+            except SpecError as err:
+                if all(e.path == MEMORY_FIELD for e in err.errors):
+                    continue  # does not fit: a heavier recompute may
+                break  # breaks a rule, whatever the recompute
             m, d, t, mem = view(planned)
             budget = spec.resources.gpu_memory_gib
             tight = spec.resources.accelerator != CPU and mem.per_gpu_gib > TIGHT_MEMORY * budget
