@@ -125,8 +125,8 @@ def test_export_refuses_models_that_are_not_llama(trained_tp2: Path, tmp_path: P
 
 
 def test_init_path_rules(trained_tp2: Path, tmp_path: Path) -> None:
-    assert resolve_checkpoint(trained_tp2).name == "iter_0000002"  # the tracker's
-    assert resolve_checkpoint(trained_tp2 / "iter_0000001").name == "iter_0000001"
+    assert Path(resolve_checkpoint(trained_tp2)).name == "iter_0000002"  # the tracker's
+    assert Path(resolve_checkpoint(trained_tp2 / "iter_0000001")).name == "iter_0000001"
     with pytest.raises(ConfigError, match=r"checkpoint.init.megatron.path: .* is not a directory"):
         resolve_checkpoint(tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="is not a torch_dist checkpoint"):
