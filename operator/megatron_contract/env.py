@@ -29,6 +29,12 @@ INJECT_FAILURE: Final = "MEGATRON_INJECT_FAILURE"
 # Never set by the operator: "<iteration>" makes that iteration's loss NaN on every rank (tests).
 INJECT_NAN_LOSS: Final = "MEGATRON_INJECT_NAN_LOSS"
 
+# checkpoint.url: multi-storage-client's own variable, the path of its config file (profiles,
+# credentials), which the pods mount from checkpoint.msc.configSecret.
+MSC_CONFIG: Final = "MSC_CONFIG"
+# A node-local directory for files on their way to object storage (TensorBoard, profiles).
+SCRATCH: Final = "MEGATRON_SCRATCH"
+
 DEFAULT_MASTER_PORT: Final = 29500
 
 # What the renderer sets: spec.env must not shadow these.
@@ -47,6 +53,7 @@ RESERVED: Final = frozenset(
         PROGRESS_FILE,
         POD_NAME,
         POD_NAMESPACE,
+        SCRATCH,
     }
 )
 

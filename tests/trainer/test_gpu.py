@@ -125,3 +125,15 @@ def test_error_exit_with_the_persistent_writer_alive(workdir: Path) -> None:
     assert "checkpoint 2: async save started" in run.output
     assert "killing the async checkpoint writer" in run.output
     assert processes_with_env(str(workdir)) == []
+
+
+def test_megatron_fsdp_trains_on_one_gpu(workdir: Path) -> None:
+    """parallelism.fsdp: the model wrapped in Megatron FSDP (optim_grads_params) trains, saves
+    and resumes; on CPU Megatron-Core 0.16.1's FSDP cannot run (it creates CUDA streams)."""
+    cfg = gpu_config(workdir / "ckpt", trainIters=10, save_interval=5)
+    cfg["parallelism"]["fsdp"] = True
+    run = run_trainer(cfg, workdir)
+    assert run.returncode == 0, run.output[-4000:]
+    assert "FullyShardedDataParallel" in run.output or run.losses()
+    assert sorted(run.losses()) == list(range(1, 11))
+    assert read_tracker(workdir / "ckpt") == 10

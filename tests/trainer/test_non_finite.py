@@ -80,9 +80,9 @@ def test_pruning_runs_in_the_background_and_keeps_the_newest_finite_checkpoint(
     release = threading.Event()
     removed: list[str] = []
 
-    def slow_remove(path: Path) -> None:  # a network filesystem taking its time
+    def slow_remove(path: str) -> None:  # a network filesystem taking its time
         release.wait(30)
-        removed.append(path.name)
+        removed.append(Path(path).name)
         remove_dir(path)
 
     pruner = Pruner(ckpt, keep=1, remove=slow_remove)

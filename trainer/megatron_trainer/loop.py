@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from megatron_contract.env import RuntimeEnv
 from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
 
-from .checkpoint import Checkpointer, iteration_dir
+from .checkpoint import Checkpointer, iteration_path, load_common
 from .data import MicroBatches, build_dataset
 from .decisions import ddp_bucket_size, needs_param_broadcast, rank_seed, recorded_bucket_size
 from .flops import flops_per_step, tflops_per_gpu
@@ -37,6 +36,7 @@ from .numerics import NonFiniteLoss, check_loss, is_non_finite_grad_error, nan_i
 from .platform import Platform, setup_platform
 from .progress import LeaseWriter, ProgressReporter, Report
 from .signals import StopFlag, inject_failures
+from .storage import profiles_dir, storage_for, use_msc
 from .telemetry import ProfilerWindow, Scalars
 
 log = logging.getLogger(__name__)
@@ -228,13 +228,12 @@ class Trainer:
             cfg.progress.min_interval_seconds,
             env.restart_attempt,
         )
-        self.scalars = Scalars(
-            os.path.join(cfg.checkpoint.dir, "tensorboard") if is_rank0 else None
-        )
+        store = storage_for(cfg.checkpoint.dir)
+        self.scalars = Scalars(store.join(cfg.checkpoint.dir, "tensorboard") if is_rank0 else None)
         self.profiler = ProfilerWindow(
             cfg.profiling,
             self.rank,
-            os.path.join(cfg.checkpoint.dir, "profiles"),
+            profiles_dir(cfg.checkpoint.dir, env.restart_attempt),
             self.platform.is_cuda,
         )
         self._log_rank0("start-up took %.1fs", time.monotonic() - started)
@@ -243,18 +242,16 @@ class Trainer:
         """The gradient bucket size: the checkpoint's when resuming or starting from a full
         Megatron checkpoint (its dp_reshardable optimizer state is stored per bucket), else
         Megatron-LM's rule for a fresh run (decisions.ddp_bucket_size)."""
-        source = None
+        source: str | None = None
         init = self.cfg.checkpoint.init
         if resume is not None:
-            source = iteration_dir(self.cfg.checkpoint.dir, resume)
+            source = iteration_path(self.cfg.checkpoint.dir, resume)
         elif init is not None and init.megatron is not None and init.megatron.load == "full":
             from .init_weights import resolve_checkpoint
 
             source = resolve_checkpoint(init.megatron.path)
         if source is not None:
-            from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
-
-            common = TorchCommonLoadStrategy().load_common(source)
+            common = load_common(source)
             try:
                 return recorded_bucket_size(common if isinstance(common, dict) else {})
             except ValueError as err:
@@ -301,7 +298,6 @@ class Trainer:
         """The first run starts from existing weights (checkpoint.init); returns the samples
         already consumed. Restarts never come here: they resume from the job's own checkpoint."""
         from .hf import load_hf_into_model
-        from .init_weights import load_megatron_weights
 
         if init.hugging_face is not None:
             # config.json was checked against spec.model by the launcher (validate.py).
@@ -310,6 +306,15 @@ class Trainer:
             self._log_rank0("INIT: %d tensors from the Hugging Face model %s", filled, path)
             self.optimizer.reload_model_params()  # the optimizer's fp32 copies of the weights
             return 0
+        assert init.megatron is not None
+        try:
+            return self._start_from_megatron(init)
+        finally:
+            use_msc(self.cfg.checkpoint.dir)  # the job's own checkpoints, after reading the init
+
+    def _start_from_megatron(self, init: InitConfig) -> int:
+        from .init_weights import load_megatron_weights
+
         assert init.megatron is not None
         m = init.megatron
         if m.load == "weights":
@@ -456,6 +461,7 @@ class Trainer:
                 self.checkpointer.finalize(blocking=False)
             if self.checkpointer.newest != last_ckpt_reported:
                 last_ckpt_reported = self.checkpointer.newest
+                self.scalars.flush()
                 self.reporter.report(
                     Report(self.iteration, step.loss, tokens_per_s, mfu, last_ckpt_reported),
                     force=True,

@@ -280,12 +280,26 @@ def layer_spec(
     return spec
 
 
+def fsdp_options(fsdp: bool) -> dict[str, Any]:
+    """DistributedDataParallelConfig fields for parallelism.fsdp, as Megatron-LM sets them for
+    --use-megatron-fsdp with --data-parallel-sharding-strategy optim_grads_params (its
+    arguments.py): weights, gradients and optimizer state all sharded over DP × CP."""
+    if not fsdp:
+        return {}
+    return {
+        "use_megatron_fsdp": True,
+        "data_parallel_sharding_strategy": "optim_grads_params",
+        "overlap_grad_reduce": True,
+        "overlap_param_gather": True,
+    }
+
+
 def build_model(
     cfg: TrainerConfig, platform: Platform, config: TransformerConfig, bucket_size: int | None
 ) -> list[Any]:
-    """Model chunks (one per virtual pipeline stage), wrapped for bf16 and in Megatron DDP with
-    gradient buckets of `bucket_size` parameters (None: one bucket per chunk; see
-    decisions.ddp_bucket_size and recorded_bucket_size)."""
+    """Model chunks (one per virtual pipeline stage), wrapped for bf16 and in Megatron DDP (or
+    Megatron FSDP) with gradient buckets of `bucket_size` parameters (None: one bucket per
+    chunk; see decisions.ddp_bucket_size and recorded_bucket_size)."""
     spec, why = attention_choice(
         use_transformer_engine(platform),
         platform.is_cuda,
@@ -325,11 +339,20 @@ def build_model(
         grad_reduce_in_fp32=True,
         use_distributed_optimizer=True,
         bucket_size=bucket_size,
-        **ddp_options(platform.is_cuda, cfg.training.precision, config.overlap_p2p_comm),
+        **{
+            **ddp_options(platform.is_cuda, cfg.training.precision, config.overlap_p2p_comm),
+            **fsdp_options(cfg.parallelism.fsdp),
+        },
     )
+    wrapper: Any = DistributedDataParallel
+    if cfg.parallelism.fsdp:
+        # Megatron FSDP (Megatron-LM's --use-megatron-fsdp): one unit a transformer layer.
+        from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
+
+        wrapper = FullyShardedDataParallel
     # Bucketing only for the first chunk, as Megatron-LM: the others' communication overlaps
     # compute anyway (and the optimizer state layout must match its checkpoints).
-    return [
-        DistributedDataParallel(config, ddp_config, module=m, disable_bucketing=i > 0)
-        for i, m in enumerate(chunks)
+    wrapped = [
+        wrapper(config, ddp_config, module=m, disable_bucketing=i > 0) for i, m in enumerate(chunks)
     ]
+    return wrapped
