@@ -19,7 +19,6 @@ Top-level imports are light: the tests import `sample_tokens` and `run_ranks` fr
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -87,7 +86,7 @@ def run_ranks(
                 subprocess.Popen(
                     [sys.executable, "-m", "tests.trainer.hf_ranks", str(steps_path)],
                     cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True,  # a group per rank: what it starts goes with it
+                    start_new_session=True,  # a timeout kills the rank with its helpers
                 )
             )  # fmt: skip
         logs.append(log_path)
@@ -96,7 +95,7 @@ def run_ranks(
         try:
             codes.append(proc.wait(timeout=max(1.0, timeout - (time.monotonic() - started))))
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             codes.append(proc.wait())
     for proc in procs:  # helpers a rank left in its group (one that crashed before its atexit)
         with contextlib.suppress(ProcessLookupError):
@@ -242,13 +241,9 @@ def _run(steps: list[dict[str, Any]]) -> int:
 
 
 if __name__ == "__main__":
-    code = _run(json.loads(Path(sys.argv[1]).read_text()))
-    # As the trainer's worker does: os._exit skips the interpreter's slow teardown, but the
-    # atexit handlers must run first. Megatron-Core's checkpoint writer started a spawn-context
-    # multiprocessing Manager (a server process that re-imports this module, torch included);
-    # only multiprocessing's atexit handler stops it. Without this line every rank that saved
-    # left one behind, ~580 MB each, re-parented to PID 1.
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    from megatron_trainer.worker import _exit
+
+    # As a rank does: atexit handlers first. Among them multiprocessing's, which stops the
+    # spawn-context Manager process Megatron-Core's checkpoint writer starts on the first save;
+    # a bare os._exit left one orphaned Manager per rank and run.
+    _exit(_run(json.loads(Path(sys.argv[1]).read_text())))
