@@ -28,9 +28,11 @@ from megatron_contract.choices import (
     CPU,
     INIT_LOADS,
     LR_DECAY_STYLES,
+    MSC_SCHEME,
     NORMALIZATIONS,
     POSITION_EMBEDDINGS,
     PRECISIONS,
+    PROFILERS,
     RECOMPUTE,
     ROPE_SCALING_TYPES,
     SHARDING_TYPES,
@@ -132,6 +134,7 @@ class ParallelismConfig:
     data: int
     expert_data: int
     sequence_parallel: bool
+    fsdp: bool  # Megatron FSDP (use_megatron_fsdp): parameters, gradients and optimizer sharded
 
     @property
     def model_parallel(self) -> int:
@@ -213,7 +216,7 @@ class InitConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    dir: str
+    dir: str  # an absolute path, or an msc://PROFILE/PATH URL (object storage)
     save_interval: int
     async_save: Annotated[bool, Meta(key="async")]
     keep: Annotated[int, Meta(minimum=0)]  # newest checkpoints kept; 0 keeps all
@@ -237,6 +240,7 @@ class ProgressConfig:
 
 @dataclass(frozen=True)
 class ProfilingConfig:
+    tool: Annotated[str, Meta(choices=PROFILERS)]
     start_step: int
     end_step: int
     ranks: Annotated[tuple[int, ...], Meta(minimum=0)]
@@ -490,8 +494,11 @@ def _expected(tp: Any) -> str:
 
 def _check_values(cfg: TrainerConfig | LaunchConfig, problems: list[str]) -> None:
     """Field checks that are about one value's form (not the layout: that is `rules`)."""
-    if not os.path.isabs(cfg.checkpoint.dir):
-        problems.append(f"checkpoint.dir: must be an absolute path, got {cfg.checkpoint.dir!r}")
+    if not (os.path.isabs(cfg.checkpoint.dir) or is_msc_url(cfg.checkpoint.dir)):
+        problems.append(
+            f"checkpoint.dir: must be an absolute path or an msc://PROFILE/PATH URL, got "
+            f"{cfg.checkpoint.dir!r}"
+        )
     split = cfg.data.split if cfg.data is not None else "100,0,0"
     try:
         weights = [float(p) for p in split.split(",")]
@@ -508,13 +515,19 @@ def _check_values(cfg: TrainerConfig | LaunchConfig, problems: list[str]) -> Non
         ("megatron", init and init.megatron),
         ("huggingFace", init and init.hugging_face),
     ):
-        if source and not os.path.isabs(source.path):
+        if source and not (os.path.isabs(source.path) or is_msc_url(source.path)):
             problems.append(
-                f"checkpoint.init.{where}.path: must be an absolute path, got {source.path!r}"
+                f"checkpoint.init.{where}.path: must be an absolute path or an msc:// URL, got "
+                f"{source.path!r}"
             )
     for i, entry in enumerate(cfg.data.blend or () if cfg.data is not None else ()):
         if entry.weight <= 0.0:
             problems.append(f"data.blend[{i}].weight: must be > 0, got {entry.weight}")
+
+
+def is_msc_url(path: str) -> bool:
+    """`msc://PROFILE/PATH`: a multi-storage-client URL (object storage), not a file path."""
+    return path.startswith(MSC_SCHEME) and "/" in path[len(MSC_SCHEME) :].strip("/")
 
 
 C = TypeVar("C", TrainerConfig, LaunchConfig)

@@ -20,6 +20,11 @@ VOLUME_CHECKPOINTS: Final = "checkpoints"
 VOLUME_SHM: Final = "dshm"
 VOLUME_DATA: Final = "megatron-data"
 VOLUME_INIT: Final = "megatron-init"
+VOLUME_MSC_CONFIG: Final = "msc-config"  # checkpoint.msc.configSecret, at MSC_CONFIG_MOUNT
+VOLUME_SCRATCH: Final = "scratch"  # the emptyDir at SCRATCH_MOUNT (with checkpoint.url)
+MSC_CONFIG_MOUNT: Final = "/etc/megatron-msc"  # checkpoint.msc.configSecret's mount (read-only)
+SCRATCH_MOUNT: Final = "/var/tmp/megatron"  # an emptyDir for files bound for object storage
+PROFILES_DIR: Final = "profiles"  # <checkpoint dir>/profiles/<restart attempt>/<one file a rank>
 # Where the trainer writes why it stopped; the kubelet copies it into the container's
 # terminated state (message), which the operator puts in status.lastFailure. Kubernetes' default
 # terminationMessagePath; pods also set FallbackToLogsOnError for crashes that write nothing.

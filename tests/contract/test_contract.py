@@ -123,10 +123,11 @@ def test_the_renderer_sets_exactly_the_reserved_env() -> None:
     pod = next(o for o in render(job, plan(job.spec)) if o["kind"] == "Pod")
     names = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     assert names <= RESERVED_ENV
-    # PROGRESS_FILE is set only by mjob run --local; the data and init directories only with
-    # their volumes.
+    # PROGRESS_FILE: set only by mjob run --local; SCRATCH: only with checkpoint.url (below); the
+    # data and init directories only with their volumes (below).
     assert RESERVED_ENV - names == {
         "MEGATRON_PROGRESS_FILE",
+        "MEGATRON_SCRATCH",
         "MEGATRON_DATA_DIR",
         "MEGATRON_INIT_DIR",
     }
@@ -140,7 +141,18 @@ def test_the_renderer_sets_exactly_the_reserved_env() -> None:
     )
     with_volumes = next(o for o in render(volumes, plan(volumes.spec)) if o["kind"] == "Pod")
     names = {e["name"] for e in with_volumes["spec"]["containers"][0]["env"]}
-    assert RESERVED_ENV - names == {"MEGATRON_PROGRESS_FILE"}
+    assert RESERVED_ENV - names == {"MEGATRON_PROGRESS_FILE", "MEGATRON_SCRATCH"}
+    job = load_file(ROOT / "examples" / "llama3-8b-auto.yaml")
+    pod = next(o for o in render(job, plan(job.spec)) if o["kind"] == "Pod")
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert RESERVED_ENV - set(env) == {
+        "MEGATRON_PROGRESS_FILE",
+        "MEGATRON_DATA_DIR",
+        "MEGATRON_INIT_DIR",
+    }
+    # MSC's own variable, last: the mounted Secret wins over any spec.env entry of that name.
+    assert list(env)[-2:] == ["MSC_CONFIG", "MEGATRON_SCRATCH"]
+    assert env["MSC_CONFIG"] == "/etc/megatron-msc/msc_config.yaml"
 
 
 def test_keep_zero_means_keep_all_on_both_sides(tmp_path: Path) -> None:

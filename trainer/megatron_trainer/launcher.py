@@ -28,6 +28,7 @@ from types import FrameType
 from megatron_contract import env as contract_env
 from megatron_contract.config import (
     LaunchConfig,
+    is_msc_url,
     parse_config,
     parse_launch_config,
     read_config,
@@ -38,9 +39,12 @@ from megatron_contract.exitcodes import ExitCode
 from megatron_contract.expansion import expand_all
 from megatron_contract.paths import TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 
+from . import profilers
 from .decisions import CUDA_DEVICE_MAX_CONNECTIONS, cuda_env_defaults
 from .forward import Forwarder, progress_log_path
+from .profilers import nsys
 from .progress import LeaseWriter, ProgressReporter
+from .storage import profiles_dir, scratch_dir
 from .validate import validate, validate_launch
 
 # A rank's argv from its env: the built-in worker's is fixed, a trainer.command's is expanded.
@@ -105,11 +109,13 @@ class Supervisor:
         cpu: bool,
         command: Sequence[str] | RankCommand,
         parallel: tuple[int, int] = (1, 1),
+        wrap: Callable[[int, list[str]], list[str]] | None = None,
     ) -> None:
         self.env = env
         self.cpu = cpu
         self.parallel = parallel
         self.command = command
+        self.wrap = wrap  # a global rank's command, e.g. under nsys (profiling)
         self.ranks: dict[int, subprocess.Popen[bytes]] = {}
         self.codes: dict[int, int] = {}
         self.first_failure: int | None = None
@@ -119,8 +125,11 @@ class Supervisor:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         for local_rank in range(self.env.nproc_per_node):
             env = rank_env(os.environ, self.env, local_rank, self.cpu, self.parallel)
+            command = self.argv(env)
+            if self.wrap is not None:
+                command = self.wrap(self.env.global_rank(local_rank), command)
             proc = subprocess.Popen(
-                self.argv(env),
+                command,
                 env=env,
                 # The ranks start before any thread of the launcher (the progress forwarder and
                 # its Lease writer start after), so the fork cannot inherit a held lock.
@@ -248,6 +257,41 @@ def _check_writable(directory: str) -> None:
         ) from err
 
 
+class NsysCaptures:
+    """Megatron Bridge's nsys profiling: exactly the listed ranks run under `nsys profile` with
+    the cudaProfilerApi capture range (the trainer opens and closes it at startStep/endStep), as
+    plain processes, one report a rank in <checkpoint dir>/profiles/<attempt>/. nsys writes to a
+    file, so with checkpoints on object storage it writes to local scratch and the launcher
+    uploads each report once its rank has exited."""
+
+    def __init__(self, config: LaunchConfig, attempt: int) -> None:
+        prof = config.profiling
+        self.ranks = set(prof.ranks) if prof is not None and prof.tool == nsys.NSYS else set()
+        self.target_dir = profiles_dir(config.checkpoint.dir, attempt)
+        self.remote = is_msc_url(config.checkpoint.dir)
+        self.reports: dict[str, str] = {}  # local report -> its place in storage (object storage)
+
+    def wrap(self, rank: int, command: list[str]) -> list[str]:
+        if rank not in self.ranks:
+            return command
+        name = profilers.capture_name(rank, nsys.SUFFIX).removesuffix("." + nsys.SUFFIX)
+        if self.remote:
+            base = os.path.join(scratch_dir("profiles"), name)
+            self.reports[f"{base}.{nsys.SUFFIX}"] = f"{self.target_dir}/{name}.{nsys.SUFFIX}"
+        else:
+            os.makedirs(self.target_dir, exist_ok=True)
+            base = os.path.join(self.target_dir, name)
+        return nsys.command(base, command)
+
+    def upload(self) -> None:
+        for local, target in self.reports.items():
+            if os.path.exists(local):
+                subprocess.run(
+                    [sys.executable, "-m", "megatron_trainer.storage", "upload", local, target],
+                    check=False,
+                )
+
+
 def version() -> str:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as package_version
@@ -288,19 +332,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     progress_log = set_progress_log(config)
+    captures = NsysCaptures(config, env.restart_attempt)
     supervisor = Supervisor(
         env,
         config.platform == "cpu",
         rank_command(config),
         (config.parallelism.tensor, config.parallelism.context),
+        wrap=captures.wrap,
     )
     supervisor.start()
     forwarder = forward_progress(config, env, progress_log)
     try:
-        return supervisor.wait()
+        code = supervisor.wait()
     finally:
         if forwarder is not None:
             forwarder.close()
+    captures.upload()
+    return code
 
 
 def check(env: RuntimeEnv) -> LaunchConfig:
@@ -313,7 +361,8 @@ def check(env: RuntimeEnv) -> LaunchConfig:
     else:
         validate_launch(config, env)
         _check_executable(rank_command(config), env)
-    _check_writable(config.checkpoint.dir)
+    if not is_msc_url(config.checkpoint.dir):  # object storage: MSC reports its own errors
+        _check_writable(config.checkpoint.dir)
     return config
 
 

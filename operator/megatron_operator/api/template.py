@@ -66,6 +66,9 @@ OWNED_VOLUMES: Final[dict[str, str]] = {
     paths.VOLUME_SHM: f"the memory-backed {paths.SHM_MOUNT} (spec.resources.shmSize)",
     paths.VOLUME_DATA: f"spec.data.volume, mounted at {paths.DATA_MOUNT}",
     paths.VOLUME_INIT: f"spec.checkpoint.init.volume, mounted at {paths.INIT_MOUNT}",
+    paths.VOLUME_MSC_CONFIG: "spec.checkpoint.msc.configSecret, mounted at "
+    f"{paths.MSC_CONFIG_MOUNT}",
+    paths.VOLUME_SCRATCH: f"the scratch directory of checkpoint.url, at {paths.SCRATCH_MOUNT}",
 }
 OWNED_MOUNT_PATHS: Final = (
     paths.CONFIG_MOUNT,
@@ -73,6 +76,8 @@ OWNED_MOUNT_PATHS: Final = (
     paths.SHM_MOUNT,
     paths.DATA_MOUNT,
     paths.INIT_MOUNT,
+    paths.MSC_CONFIG_MOUNT,
+    paths.SCRATCH_MOUNT,
 )
 # Pod fields the gang depends on (camelCase): why each is the operator's.
 OWNED_POD_FIELDS: Final[dict[str, str]] = {

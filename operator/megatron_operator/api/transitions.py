@@ -11,7 +11,13 @@ from typing import Any
 from .errors import FieldError
 from .spec import MegatronJobSpec
 
-NEVER = ("model", "training.globalBatchSize", "checkpoint.volume", "checkpoint.path")
+NEVER = (
+    "model",
+    "training.globalBatchSize",
+    "checkpoint.volume",
+    "checkpoint.path",
+    "checkpoint.url",
+)
 WHILE_SUSPENDED = (
     "image",
     "imagePullPolicy",
@@ -24,6 +30,7 @@ WHILE_SUSPENDED = (
     "trainer",
     "template",
     "checkpoint.shardingType",
+    "checkpoint.msc",
     "training.microBatchSize",
     "training.lr",
     "training.minLr",

@@ -15,7 +15,14 @@ from megatron_contract import env as contract_env
 from megatron_contract import paths
 from megatron_contract.config import dumps
 from megatron_contract.env import DEFAULT_MASTER_PORT
-from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY, CONFIG_MOUNT, DEFAULT_CONFIG_PATH
+from megatron_contract.paths import (
+    CHECKPOINT_MOUNT,
+    CONFIG_KEY,
+    CONFIG_MOUNT,
+    DEFAULT_CONFIG_PATH,
+    MSC_CONFIG_MOUNT,
+    SCRATCH_MOUNT,
+)
 from megatron_operator.api.job import API_VERSION, KIND, MegatronJob
 from megatron_operator.core import network
 from megatron_operator.core.names import (
@@ -138,7 +145,8 @@ def pvc(job: MegatronJob) -> Obj | None:
     """The created checkpoint claim. Retained (the default), it has no ownerReference, so the
     garbage collector keeps it after the job; its job labels let a job re-created with the same
     name resume from it (core/ownership.py)."""
-    create = job.spec.checkpoint.volume.create
+    volume = job.spec.checkpoint.volume
+    create = volume.create if volume is not None else None
     if create is None:
         return None
     spec: Obj = {
@@ -223,6 +231,11 @@ def _env(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> list[Obj
     ]
     env += [{"name": k, "value": v} for k, v in network.env(job.spec).items()]
     env += [{"name": e.name, "value": e.value} for e in job.spec.env]
+    msc = job.spec.checkpoint.msc
+    if job.spec.checkpoint.url is not None and msc is not None:
+        # After spec.env: the mounted Secret is the config the checkpoint URL was checked with.
+        env.append({"name": e.MSC_CONFIG, "value": f"{MSC_CONFIG_MOUNT}/{msc.config_key}"})
+        env.append({"name": e.SCRATCH, "value": SCRATCH_MOUNT})
     return env
 
 
@@ -314,21 +327,40 @@ def _affinity(job: MegatronJob) -> Obj:
 
 def _volumes(job: MegatronJob) -> tuple[list[Obj], list[Obj]]:
     """The pod's volumes, and the trainer container's mounts of them."""
-    vol = job.spec.checkpoint.volume
-    claim = vol.claim_name or pvc_name(job.name)
+    c = job.spec.checkpoint
     volumes: list[Obj] = [
-        {"name": paths.VOLUME_CONFIG, "configMap": {"name": config_map_name(job.name)}},
-        {"name": paths.VOLUME_CHECKPOINTS, "persistentVolumeClaim": {"claimName": claim}},
+        {"name": paths.VOLUME_CONFIG, "configMap": {"name": config_map_name(job.name)}}
+    ]
+    mounts: list[Obj] = [{"name": paths.VOLUME_CONFIG, "mountPath": CONFIG_MOUNT, "readOnly": True}]
+    if c.volume is not None:
+        claim = c.volume.claim_name or pvc_name(job.name)
+        volumes.append(
+            {"name": paths.VOLUME_CHECKPOINTS, "persistentVolumeClaim": {"claimName": claim}}
+        )
+        mounts.append({"name": paths.VOLUME_CHECKPOINTS, "mountPath": CHECKPOINT_MOUNT})
+    elif c.msc is not None:
+        volumes.append(
+            {
+                "name": paths.VOLUME_MSC_CONFIG,
+                "secret": {
+                    "secretName": c.msc.config_secret,
+                    "items": [{"key": c.msc.config_key, "path": c.msc.config_key}],
+                    "defaultMode": 0o440,
+                },
+            }
+        )
+        volumes.append({"name": paths.VOLUME_SCRATCH, "emptyDir": {}})
+        mounts.append(
+            {"name": paths.VOLUME_MSC_CONFIG, "mountPath": MSC_CONFIG_MOUNT, "readOnly": True}
+        )
+        mounts.append({"name": paths.VOLUME_SCRATCH, "mountPath": SCRATCH_MOUNT})
+    volumes.append(
         {
             "name": paths.VOLUME_SHM,
             "emptyDir": {"medium": "Memory", "sizeLimit": str(job.spec.resources.shm_size)},
-        },
-    ]
-    mounts: list[Obj] = [
-        {"name": paths.VOLUME_CONFIG, "mountPath": CONFIG_MOUNT, "readOnly": True},
-        {"name": paths.VOLUME_CHECKPOINTS, "mountPath": CHECKPOINT_MOUNT},
-        {"name": paths.VOLUME_SHM, "mountPath": paths.SHM_MOUNT},
-    ]
+        }
+    )
+    mounts.append({"name": paths.VOLUME_SHM, "mountPath": paths.SHM_MOUNT})
     data = job.spec.data.volume if job.spec.data is not None else None
     if data is not None:
         _claim(
