@@ -1,7 +1,8 @@
-"""Your own code, and the evidence of failures, on real kubelets (opt-in: MEGATRON_REAL_NODES=1).
+"""Your own code, and the evidence of failures, on real kubelets.
 
-One cluster for the module (the `real_cluster` fixture: 1 kwok node and 2 real ones), the chart's
-operator pod on real-node-0, the trainer image built from Dockerfile.trainer (CPU torch):
+The session's real cluster and the chart's operator on real-node-0 (`real_operator`,
+conftest.py), the trainer image built from Dockerfile.trainer (CPU torch); each test works in a
+namespace of its own and deletes it:
 
 - a plain torch.distributed script (examples/scripts/torch_ddp.py, in the trainer image at the
   path examples/byo-torch-ddp.yaml names) as spec.trainer.command on two pods: world size and
@@ -20,48 +21,24 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .real_nodes_support import REAL_LABEL, RealCluster, real_cluster  # noqa: F401 - fixture
-
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "megatron-operator"
-OPERATOR_NS = "megatron-system"
+from .real_nodes_support import REAL_LABEL, RealCluster
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def operator(real_cluster: RealCluster) -> Iterator[RealCluster]:  # noqa: F811
-    """`helm install` of the chart with the locally built operator image, on real-node-0."""
-    c = real_cluster
-    repo, tag = c.image("operator").rsplit(":", 1)
-    c.kubectl("create", "namespace", OPERATOR_NS)
-    c.helm(
-        "install", "mo", str(CHART), "-n", OPERATOR_NS,
-        "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
-        "--set-string", "nodeSelector.kubernetes\\.io/hostname=real-node-0",
-        "--set", "resources.requests.cpu=100m",
-        "--wait", "--timeout", "300s",
-        timeout=330,
-    )  # fmt: skip
+@pytest.fixture
+def ns(real_operator: RealCluster) -> Iterator[str]:
+    """A namespace of the test's own, deleted at its end (the cluster is the session's)."""
+    name = f"open-{uuid.uuid4().hex[:6]}"
+    real_operator.kubectl("create", "namespace", name)
     try:
-        yield c
+        yield name
     finally:
-        logs = c.kubectl(
-            "logs", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=megatron-operator",
-            "--tail", "200", check=False,
-        )  # fmt: skip
-        print("--- operator log (tail)\n" + logs.stdout + logs.stderr, file=sys.stderr)
-
-
-def new_ns(c: RealCluster, prefix: str) -> str:
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    c.kubectl("create", "namespace", name)
-    return name
+        real_operator.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def job_doc(name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -118,9 +95,10 @@ def wait_phase(c: RealCluster, ns: str, name: str, phase: str, timeout: float) -
     return result
 
 
-def test_a_torch_distributed_script_restarts_once_and_succeeds(operator: RealCluster) -> None:
-    c = operator
-    ns = new_ns(c, "byo")
+def test_a_torch_distributed_script_restarts_once_and_succeeds(
+    real_operator: RealCluster, ns: str
+) -> None:
+    c = real_operator
     spec = base_spec(c.image("trainer"))
     spec["trainer"] = {
         "command": ["python", "examples/scripts/torch_ddp.py"],
@@ -161,9 +139,10 @@ def test_a_torch_distributed_script_restarts_once_and_succeeds(operator: RealClu
     assert len(reports) == 1 and "pod ddp-a0-1" in reports[0] and "exited 1" in reports[0]
 
 
-def test_an_image_that_does_not_exist_is_named_and_released(operator: RealCluster) -> None:
-    c = operator
-    ns = new_ns(c, "noimg")
+def test_an_image_that_does_not_exist_is_named_and_released(
+    real_operator: RealCluster, ns: str
+) -> None:
+    c = real_operator
     spec = base_spec("localhost/megatron-operator/does-not-exist:1")
     spec["model"] = {"recipe": "gpt-tiny"}
     spec["training"] = {"globalBatchSize": 8, "trainIters": 10, "precision": "fp32"}

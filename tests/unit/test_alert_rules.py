@@ -1,8 +1,8 @@
 """The chart's PrometheusRule, evaluated by Prometheus's own rule engine (`promtool test rules`)
 over synthetic series: each alert fires when it should and stays silent when it should not.
 
-promtool comes from `tests/cluster/cluster promtool` (built from its Go module and cached, or
-Debian's on PATH); helm renders the rule from the chart, with the chart's default thresholds.
+promtool comes from `tests/cluster/cluster promtool` (one on PATH, a cached one, Debian's package
+fetched with apt-get, else built from its Go module); helm renders the rule from the chart, with the chart's default thresholds.
 """
 
 from __future__ import annotations

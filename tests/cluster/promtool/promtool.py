@@ -5,8 +5,9 @@ build are unchanged, and the first test that needs it fetches it. In order:
 1. a promtool on PATH, as it is;
 2. one fetched or built before, from ~/.cache/megatron-operator/promtool/;
 3. Debian's: `apt-get download prometheus` (the ordinary client; nothing is installed) and its
-   /usr/bin/promtool taken out of the .deb with `dpkg-deb -x` (promtool 2.42 on bookworm, about
-   10 s);
+   /usr/bin/promtool taken out of the .deb with `dpkg-deb -x` (promtool 2.42 on bookworm: 45 s
+   on a machine that never fetched it, most of it the 30 MB download; `apt-get update` first
+   when the package lists are missing, as root);
 4. else built from its Go module at the version in VERSION (next to this file), as every other
    tool here is built. It brings most of Prometheus's service-discovery dependencies (cloud SDKs
    among them): about an hour of a 2-core machine under the load of parallel builds.
@@ -58,6 +59,16 @@ def debian_dir() -> Path:
     return cache_dir().parent / "debian"
 
 
+def _download(cwd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["apt-get", "download", "prometheus"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
 def from_debian() -> Path | None:
     """Debian's promtool out of its package (no install), or None where apt cannot fetch it."""
     if not (shutil.which("apt-get") and shutil.which("dpkg-deb")):
@@ -67,13 +78,12 @@ def from_debian() -> Path | None:
         if os.access(binary, os.X_OK):
             return binary
         with tempfile.TemporaryDirectory() as tmp:
-            got = subprocess.run(
-                ["apt-get", "download", "prometheus"],
-                cwd=tmp,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            got = _download(tmp)
+            if got.returncode != 0 and os.geteuid() == 0:
+                # A new machine may have no package lists yet (as hostpkgs.py does for the
+                # real nodes' packages): fetch them once, then try again.
+                subprocess.run(["apt-get", "update", "-q"], capture_output=True, check=False)
+                got = _download(tmp)
             debs = sorted(Path(tmp).glob("prometheus_*.deb"))
             if got.returncode != 0 or not debs:
                 print(f"apt-get download prometheus failed: {got.stderr[-500:]}", file=sys.stderr)
