@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from megatron_operator.api import MegatronJobSpec, load_job
 from megatron_operator.api.errors import SpecError
@@ -92,7 +93,31 @@ def test_published_layout_rank_by_the_cost_model_alone(case: tuple[Any, ...]) ->
     assert layouts.index(published) + 1 == EXPECTED_RANK_UNBOUNDED[recipe]
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def _has_model(path: Path) -> bool:
+    spec = yaml.safe_load(path.read_text())["spec"]
+    return "model" in spec and "training" in spec
+
+
+MODELLED = [p for p in EXAMPLES if _has_model(p)]
+# A trainer.command's examples without a model: nothing to rank layouts by.
+UNMODELLED = [p for p in EXAMPLES if not _has_model(p)]
+
+
+@pytest.mark.parametrize("path", UNMODELLED, ids=[p.stem for p in UNMODELLED])
+def test_suggest_without_a_model_says_what_it_needs(path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "megatron_operator.cli.main", "plan", str(path), "--suggest"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "spec.model: layouts are ranked by the memory and time" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("path", MODELLED, ids=[p.stem for p in MODELLED])
 def test_suggest_lists_layouts_for_every_example(path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "megatron_operator.cli.main", "plan", str(path), "--suggest"],
@@ -186,3 +211,18 @@ def test_the_operator_writes_the_chosen_layout_into_status() -> None:
         == 16
     )
     assert len(sim.pods) == 2
+
+
+def test_auto_without_a_model_is_refused_by_the_planner_and_the_crd_alike() -> None:
+    doc = _auto_doc()
+    spec = doc["spec"]
+    del spec["model"], spec["training"], spec["data"]
+    spec["trainer"] = {"command": ["python", "train.py"]}
+    with pytest.raises(SpecError) as err:
+        plan(load_job(doc).spec)
+    assert [e.path for e in err.value.errors] == ["spec.parallelism.auto"]
+    assert "needs spec.model and spec.training" in err.value.errors[0].message
+    found = check_spec(spec)
+    assert [(v.field_path, "needs spec.model and spec.training" in v.message) for v in found] == [
+        (".parallelism.auto", True)
+    ]

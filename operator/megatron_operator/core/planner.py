@@ -480,7 +480,7 @@ def suggestions(spec: MegatronJobSpec) -> list[Suggestion[Plan]]:
     model). The spec's own degrees are ignored; its sequenceParallel and recompute are kept
     (recompute may be raised to fit). Raises SpecError for problems no layout can fix."""
     if spec.model is None or spec.training is None:
-        raise SpecError([_AUTO_NEEDS])
+        raise SpecError([_SUGGEST_NEEDS])
     manual = spec.model_copy(update={"parallelism": _AUTO_FREE})
     model, errors = resolve_model(spec.model, 1)
     if model is None:
@@ -497,6 +497,11 @@ _AUTO_NEEDS = FieldError(
     "spec.parallelism.auto",
     "needs spec.model and spec.training to choose a layout: set them, or give the degrees "
     "(tensor, pipeline, ...) yourself",
+)
+_SUGGEST_NEEDS = FieldError(
+    "spec.model",
+    "layouts are ranked by the memory and time the model and its training settings need: set "
+    "spec.model and spec.training to have them suggested",
 )
 _LAYOUT_PATHS = ("spec.parallelism",)
 
@@ -523,6 +528,8 @@ _SUGGESTION_CACHE_SIZE = 256
 
 
 def _auto(spec: MegatronJobSpec) -> Plan:
+    if spec.model is None or spec.training is None:
+        raise SpecError([_AUTO_NEEDS])
     errors = list(_spec_rules(spec, None))
     if errors:
         raise SpecError(errors)
