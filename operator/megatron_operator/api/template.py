@@ -114,8 +114,9 @@ OWNED_ENV_WHY: Final = (
 GPU_RESOURCES: Final = tuple(a for a in ACCELERATORS if a != CPU)
 GPU_WHY: Final = "the GPU count is set from spec.resources.procsPerNode"
 OWNED_MOUNT_WHY: Final = (
-    "the operator mounts its volumes (config, checkpoints, dshm, megatron-data, megatron-init) "
-    "at " + ", ".join(OWNED_MOUNT_PATHS) + " in the trainer container"
+    f"the operator mounts its volumes ({', '.join(OWNED_VOLUMES)}) at "
+    + ", ".join(OWNED_MOUNT_PATHS)
+    + " in the trainer container"
 )
 
 
