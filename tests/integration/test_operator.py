@@ -159,8 +159,15 @@ def test_past_max_restarts_fails_and_frees_gpus(
         cluster.fail_pod(ns, f"flaky-a{attempt}-0", exit_code=3, wait=False)
     st = wait_phase(cluster, ns, "flaky", "Failed")
     assert condition(st, "Failed")["reason"] == "MaxRestartsExceeded"  # type: ignore[index]
-    cluster.wait(lambda: pods(cluster, ns, "flaky") == [], 60, what="no pod of the job left")
+    # What held GPUs is gone; the last attempt's failed pod stays as evidence (keepFailedPods 1),
+    # Failed, so it holds nothing. Attempt 0's is gone: only the last attempt's is kept.
+    cluster.wait(
+        lambda: _left(cluster, ns, "flaky") == {"flaky-a1-0": "Failed"},
+        60,
+        what="the kept pod only",
+    )
     assert st["restarts"] == 1
+    assert status(cluster, ns, "flaky")["keptPods"] == ["flaky-a1-0"]
 
 
 def test_fail_rule_fails_at_once(cluster: Cluster, namespace: str, operator: Op) -> None:
@@ -173,7 +180,16 @@ def test_fail_rule_fails_at_once(cluster: Cluster, namespace: str, operator: Op)
     assert st["restarts"] == 0
     assert st["lastFailure"]["exitCode"] == 42
     assert "rules[0]" in condition(st, "Failed")["message"]  # type: ignore[index]
-    cluster.wait(lambda: pods(cluster, ns, "strict") == [], 60, what="pods deleted")
+    cluster.wait(
+        lambda: _left(cluster, ns, "strict") == {"strict-a0-1": "Failed"},
+        60,
+        what="every pod deleted but the failed one, kept",
+    )
+
+
+def _left(cluster: Cluster, ns: str, job: str) -> dict[str, str]:
+    """The job's pods still there, by name, with their phase."""
+    return {p["metadata"]["name"]: p["status"].get("phase", "") for p in pods(cluster, ns, job)}
 
 
 def test_config_error_exit_code_fails_without_retry(
