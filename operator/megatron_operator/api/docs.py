@@ -73,8 +73,8 @@ labels, annotations, `nodeSelector` and `securityContext` merge key by key; `aff
 `schedulerName`, `runtimeClassName` and `dnsConfig` are set. What the operator owns is refused by
 the CRD and by `mjob validate`, each with why: `restartPolicy`, `hostname`, `subdomain`,
 `serviceAccountName`, `serviceAccount`, `nodeName`, `terminationGracePeriodSeconds` and
-`priorityClassName`; the volumes `config`, `checkpoints`, `dshm`, `megatron-data` and
-`megatron-init` and their mount paths; the contract env (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
+`priorityClassName`; the volumes `config`, `checkpoints`, `dshm`, `megatron-data`,
+`megatron-init`, `megatron-msc-config` and `megatron-scratch` and their mount paths; the contract env (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
 every `MEGATRON_` name, …); the `megatron.dev/` and `kueue.x-k8s.io/` labels; and the trainer
 container's image, command, arguments and other fields. Nested Kubernetes objects (a volume's
 source, a probe, an affinity term) are kept as given and checked by the apiserver when the pod is
