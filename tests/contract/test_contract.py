@@ -116,7 +116,12 @@ def test_the_renderer_sets_exactly_the_reserved_env() -> None:
     pod = next(o for o in render(job, plan(job.spec)) if o["kind"] == "Pod")
     names = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     assert names <= RESERVED_ENV
-    assert RESERVED_ENV - names == {"MEGATRON_PROGRESS_FILE"}  # set only by mjob run --local
+    # set only by mjob run --local, where there is no apiserver
+    assert RESERVED_ENV - names == {
+        "MEGATRON_PROGRESS_FILE",
+        "MEGATRON_STATUS_FILE",
+        "MEGATRON_REPORT_FILE",
+    }
 
 
 def test_keep_zero_means_keep_all_on_both_sides(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from megatron_contract.ladder import REPORT_ANNOTATION, Report, parse_report
 from megatron_contract.paths import PROGRESS_ANNOTATION, TERMINATION_MESSAGE_MAX
 from megatron_operator.core.names import (
     CONTAINER_NAME,
@@ -58,7 +59,11 @@ class Progress:
     time: datetime
 
     def to_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"iteration": self.iteration, "time": format_time(self.time)}
+        out: dict[str, Any] = {
+            "attempt": self.attempt,
+            "iteration": self.iteration,
+            "time": format_time(self.time),
+        }
         for key, value in (
             ("loss", self.loss),
             ("tokensPerSecond", self.tokens_per_second),
@@ -218,11 +223,13 @@ def controller_uid(meta: Any) -> str | None:
 
 @dataclass(frozen=True)
 class LeaseView:
-    """The job's progress Lease: rank 0's latest record and its heartbeat (spec.renewTime)."""
+    """The job's progress Lease: rank 0's latest record and its heartbeat (spec.renewTime), and
+    the launchers' report of the restart ladder (docs/contract.md §5)."""
 
     holder: str | None  # the pod that wrote last (spec.holderIdentity)
     renew_time: datetime | None
     progress: Progress | None
+    report: Report | None = None
 
     def for_attempt(self, attempt: int) -> LeaseView | None:
         """This view if its record belongs to `attempt`: a late write of an older attempt (a
@@ -251,6 +258,7 @@ def lease_view(raw: dict[str, Any] | None, job_uid: str | None = None) -> LeaseV
         holder=holder if isinstance(holder, str) else None,
         renew_time=parse_time(spec.get("renewTime")),
         progress=parse_progress(annotations.get(PROGRESS_ANNOTATION)),
+        report=parse_report(annotations.get(REPORT_ANNOTATION)),
     )
 
 
