@@ -56,6 +56,7 @@ class Failure:
     # For ranks the launchers reported: the order their coordinator heard of them. The first to
     # exit is the cause; the others typically lost their peers to it.
     order: int | None = None
+    rank: int | None = None  # the global rank, for a rank the launchers reported
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,10 @@ def decide(
     """Apply the rules and the restart budget to one failure. `uncounted_last_hour`: restarts
     not counted toward maxRestarts in the last hour; from MAX_UNCOUNTED_PER_HOUR on, they count."""
     action, rule = match(failure, list(policy.rules))
-    what = f"{failure.pod or 'a rank'} failed ({failure.reason}"
+    who = failure.pod or "a rank"
+    if failure.rank is not None:
+        who = f"rank {failure.rank} ({who})"
+    what = f"{who} failed ({failure.reason}"
     what += f", exit code {failure.exit_code})" if failure.exit_code is not None else ")"
     if action == "Fail":
         return Decision("Fail", False, rule, f"{what}; {rule}: the job fails")

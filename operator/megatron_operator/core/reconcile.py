@@ -487,7 +487,7 @@ class _Machine:
                 for r in range(p.nodes)
                 if r not in ranks
             ]
-        found += self.reported(n, current, {f.pod for f in found})
+        found += self.reported(n, p.procs_per_node, current, {f.pod for f in found})
         for extra in (self.hang(job, current), self.restart_timeout(job)):
             if extra is not None:
                 found.append(extra)
@@ -497,7 +497,9 @@ class _Machine:
         lease = self.w.lease
         return lease.report if lease is not None else None
 
-    def reported(self, n: int, current: list[PodView], known: set[str | None]) -> list[Failure]:
+    def reported(
+        self, n: int, nproc: int, current: list[PodView], known: set[str | None]
+    ) -> list[Failure]:
         """What the launchers reported: ranks of this attempt that exited on their own, and
         launchers that dropped out of pods that still look healthy. Only pods of this gang
         count: the report is the tenant's to write, so it can name nothing else."""
@@ -517,9 +519,19 @@ class _Machine:
             x = by_rank.get(f.node_rank)
             if x is None:
                 continue
-            message = f"local rank {f.local_rank} of pod {x.name} exited {f.exit_code} at {f.time}"
+            rank = f.node_rank * nproc + f.local_rank
+            message = f"rank {rank} (pod {x.name}) exited {f.exit_code} at {f.time}"
             found.append(
-                Failure("Error", f.exit_code, x.name, x.node, message, x.node_rank, order=order)
+                Failure(
+                    "Error",
+                    f.exit_code,
+                    x.name,
+                    x.node,
+                    message,
+                    x.node_rank,
+                    order=order,
+                    rank=rank if f.local_rank < nproc else None,
+                )
             )
         return found
 
@@ -665,9 +677,11 @@ class _Machine:
             self.out.entered_running = True
             message = f"{p.nodes} pods running (attempt {n})"
             self.cond(C.RUNNING, True, Reason.ALL_PODS_RUNNING, message)
-            self.event(
-                EventType.NORMAL, Reason.RUNNING, f"all {p.nodes} pods are running (attempt {n})"
-            )
+            if self.st.gang < n:
+                text = f"attempt {n} runs in the gang's {p.nodes} pods (restarted in place)"
+            else:
+                text = f"all {p.nodes} pods are running (attempt {n})"
+            self.event(EventType.NORMAL, Reason.RUNNING, text)
         elif not running and self.st.phase == Phase.RUNNING:
             self.st.phase = Phase.PENDING
             self.st.running_since = None

@@ -13,7 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_contract.env import PROGRESS_LEASE
+from megatron_contract.env import (
+    CONFIG,
+    COORDINATOR_PORT,
+    MASTER_ADDR,
+    MASTER_PORT,
+    PROGRESS_FILE,
+    PROGRESS_LEASE,
+    REPORT_FILE,
+    STATUS_FILE,
+)
 from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY
 
 
@@ -42,6 +51,16 @@ class Layout:
     @property
     def progress(self) -> Path:
         return self.workdir / "progress.jsonl"
+
+    @property
+    def status(self) -> Path:
+        """The job's status, written after each reconcile: the coordinator's decisions."""
+        return self.workdir / "status.json"
+
+    @property
+    def report(self) -> Path:
+        """The launchers' report (the progress Lease's annotation in a cluster)."""
+        return self.workdir / "launchers.json"
 
     @property
     def summary(self) -> Path:
@@ -79,7 +98,7 @@ def _env_value(item: dict[str, Any], pod: dict[str, Any]) -> str | None:
 
 
 def local_pods(
-    objs: list[dict[str, Any]], layout: Layout, python: str, port: int
+    objs: list[dict[str, Any]], layout: Layout, python: str, port: int, coordinator_port: int
 ) -> list[LocalPod]:
     out = []
     for pod in (o for o in objs if o["kind"] == "Pod"):
@@ -90,12 +109,18 @@ def local_pods(
             if value is not None:
                 env[item["name"]] = value
         env.update(
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            MEGATRON_CONFIG=str(layout.config),
-            MEGATRON_PROGRESS_FILE=str(layout.progress),
+            {
+                MASTER_ADDR: "127.0.0.1",
+                MASTER_PORT: str(port),
+                COORDINATOR_PORT: str(coordinator_port),
+                CONFIG: str(layout.config),
+                PROGRESS_FILE: str(layout.progress),
+                STATUS_FILE: str(layout.status),
+                REPORT_FILE: str(layout.report),
+            }
         )
-        # No apiserver here: progress goes to the file, which the runner follows.
+        # No apiserver here: progress goes to the file, which the runner follows, and the
+        # coordinator reads the runner's decisions from the status file.
         env.pop(PROGRESS_LEASE, None)
         argv = list(container["command"]) + list(container.get("args", []))
         if argv and argv[0] == "python":

@@ -1,0 +1,159 @@
+"""The pod's rank processes: start, signal, reap, and kill every descendant.
+
+What a rank runs (its command and environment) is the caller's; this module only manages the
+processes. The launcher is a child subreaper, so a helper a rank forked (Megatron-Core's
+checkpoint writer, a data loader) is re-parented to it when the rank dies, and `kill` takes it
+too: no process of an old attempt outlives its attempt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+# Resolved before any fork: the child of a multi-threaded launcher (the coordinator runs in
+# threads) must not load a library between fork and exec.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def prctl(option: int, value: int) -> None:
+    if _LIBC is not None:
+        _LIBC.prctl(option, value, 0, 0, 0)
+
+
+def become_subreaper() -> None:
+    prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def exit_code(status: int) -> int:
+    """Shell convention: a rank killed by signal N reports 128 + N (SIGKILL -> 137)."""
+    return 128 - status if status < 0 else status
+
+
+def send(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def descendants(root: int) -> list[int]:
+    """All live descendants of `root`, from /proc (no psutil needed in the launcher)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # Field 4 (ppid) follows the parenthesised command name, which may contain spaces.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields and fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+class Ranks(Protocol):
+    """The ranks of one pod, one attempt at a time (`StubRanks` in benchmarks/ stands in)."""
+
+    @property
+    def running(self) -> bool:
+        """Some rank of the current attempt has not been reaped yet."""
+        ...
+
+    def start(self, attempt: int, port: int) -> None:
+        """Start every local rank of `attempt`, whose rendezvous is on `port`."""
+        ...
+
+    def reap(self) -> list[tuple[int, int]]:
+        """(local rank, exit code) of the ranks that ended since the last call; never blocks."""
+        ...
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to every live rank."""
+        ...
+
+    def kill(self) -> None:
+        """SIGKILL every rank and everything they started; return once the ranks are reaped."""
+        ...
+
+
+EnvFor = Callable[[int, int, int], Mapping[str, str]]  # (local rank, attempt, port) → env
+
+
+class RankProcesses:
+    """`nproc` processes running `command`, each with `env_for(local rank, attempt, port)`."""
+
+    KILL_WAIT_SECONDS = 30.0  # a process in uninterruptible sleep (a hung NFS write) may linger
+
+    def __init__(self, nproc: int, command: Sequence[str], env_for: EnvFor) -> None:
+        self.nproc = nproc
+        self.command = list(command)
+        self.env_for = env_for
+        # pid → (local rank, process), for the ranks not reaped yet. The Popen objects are kept:
+        # one dropped unreaped would be reaped by subprocess's own cleanup, hiding its exit code.
+        self.procs: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
+
+    @property
+    def running(self) -> bool:
+        return bool(self.procs)
+
+    def start(self, attempt: int, port: int) -> None:
+        for local in range(self.nproc):
+            proc = subprocess.Popen(
+                self.command,
+                env=dict(self.env_for(local, attempt, port)),
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only a pre-resolved prctl runs
+            )
+            self.procs[proc.pid] = (local, proc)
+
+    def reap(self) -> list[tuple[int, int]]:
+        ended = []
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            entry = self.procs.pop(pid, None)
+            if entry is None:
+                continue  # an orphan adopted as subreaper
+            local, proc = entry
+            code = exit_code(os.waitstatus_to_exitcode(status))
+            proc.returncode = code  # reaped here: Popen must not wait for it again
+            ended.append((local, code))
+        return ended
+
+    def signal(self, sig: int) -> None:
+        for pid in self.procs:
+            send(pid, sig)
+
+    def kill(self) -> None:
+        deadline = time.monotonic() + self.KILL_WAIT_SECONDS
+        while True:
+            for pid in descendants(os.getpid()):
+                send(pid, signal.SIGKILL)
+            self.reap()
+            if not self.procs or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        self.procs.clear()
