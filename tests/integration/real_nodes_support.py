@@ -47,6 +47,16 @@ class RealCluster(Cluster):
         out = self.driver("kill-container", f"{namespace}/{pod}", "--signal", signal)
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
+    def kill_process(
+        self, namespace: str, pod: str, match: str, signal: str = "KILL", **env: str
+    ) -> dict[str, str]:
+        """Signal one process inside the pod's container (e.g. one rank), not the container."""
+        flags = [f"--env={k}={v}" for k, v in env.items()]
+        out = self.driver(
+            "kill-process", f"{namespace}/{pod}", "--match", match, "--signal", signal, *flags
+        )
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
     def kill_node(self, name: str, timeout: int = 120) -> str:
         return str(self.driver("kill-node", name, "--timeout", str(timeout), timeout=timeout + 30))
 

@@ -49,8 +49,12 @@ def e2e() -> Iterator[RealCluster]:
 
 @pytest.fixture(scope="module")
 def operator(e2e: RealCluster) -> Iterator[RealCluster]:
-    """`helm install` of the chart with the locally built operator image."""
-    c = e2e
+    yield from helm_install_operator(e2e)
+
+
+def helm_install_operator(c: RealCluster) -> Iterator[RealCluster]:
+    """`helm install` of the chart with the locally built operator image (on real-node-0);
+    prints the operator's log tail at the end."""
     repo, tag = c.image("operator").rsplit(":", 1)
     c.kubectl("create", "namespace", OPERATOR_NS)
     c.helm(
@@ -128,11 +132,14 @@ def spec(trainer_image: str, **changes: Any) -> dict[str, Any]:
             "keep": 0,
             "gracePeriodSeconds": 60,
         },
+        # These scenarios are the gang's (the Recreate rung); test_e2e_ladder.py has the lower
+        # rungs on real kubelets.
         "restartPolicy": {
             "maxRestarts": 3,
             "backoffSeconds": 1,
             "maxBackoffSeconds": 5,
             "hangTimeoutSeconds": 600,
+            "strategy": "Recreate",
         },
     }
     for path, value in changes.items():

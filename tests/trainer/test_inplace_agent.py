@@ -102,7 +102,7 @@ class Gang:
 
     def started(self, attempt: int) -> list[dict[str, Any]]:
         return wait(
-            lambda: (rows if len(rows := self.ranks(attempt)) == self.nodes * self.nproc else None),
+            lambda: rows if len(rows := self.ranks(attempt)) == self.nodes * self.nproc else None,
             f"every rank of attempt {attempt}",
         )
 
@@ -146,7 +146,7 @@ def test_ranks_start_behind_the_barrier_and_restart_in_place_on_the_decision(gan
     launchers = {n: p.pid for n, p in gang.launchers.items()}
 
     os.kill(pids[3], signal.SIGKILL)  # a rank process dies inside a running "pod"
-    report = wait(lambda: (r if (r := gang.report()) and r.failures else None), "the report")
+    report = wait(lambda: r if (r := gang.report()) and r.failures else None, "the report")
     assert report.attempt == 0
     assert [(f.node_rank, f.local_rank, f.exit_code) for f in report.failures] == [(1, 1, 137)]
     wait(lambda: not alive(pids[2]), "rank 2 (same pod) to be stopped by its launcher")
@@ -160,7 +160,7 @@ def test_ranks_start_behind_the_barrier_and_restart_in_place_on_the_decision(gan
     second = gang.started(1)
     ports = {r["port"] for r in second}
     assert len(ports) == 1 and ports != {gang.master_port}  # a fresh rendezvous port
-    report = wait(lambda: (r if (r := gang.report()) and r.started == 2 else None), "started")
+    report = wait(lambda: r if (r := gang.report()) and r.started == 2 else None, "started")
     assert report.attempt == 1 and report.failures == () and report.started_at and report.seen_at
     # The same launcher processes ("pods") run attempt 1.
     assert {n: p.pid for n, p in gang.launchers.items()} == launchers
@@ -178,7 +178,7 @@ def test_a_lost_launcher_is_reported_and_its_replacement_joins_the_barrier(gang:
     first = {r["rank"]: r["pid"] for r in gang.started(0)}
     gang.launchers[1].kill()  # the container of "pod" 1 dies
     gang.launchers[1].wait()
-    report = wait(lambda: (r if (r := gang.report()) and r.lost else None), "the lost launcher")
+    report = wait(lambda: r if (r := gang.report()) and r.lost else None, "the lost launcher")
     assert [(x.node_rank, x.pod) for x in report.lost] == [(1, "job-a0-1")]
     wait(lambda: not alive(first[2]) and not alive(first[3]), "pod 1's ranks to die with it")
 
@@ -189,7 +189,7 @@ def test_a_lost_launcher_is_reported_and_its_replacement_joins_the_barrier(gang:
     assert gang.ranks(1) == []
     gang.launch(1, attempt=1)  # the replacement pod, job-a1-1
     gang.started(1)
-    report = wait(lambda: (r if (r := gang.report()) and r.started == 2 else None), "started")
+    report = wait(lambda: r if (r := gang.report()) and r.started == 2 else None, "started")
     assert report.lost == ()
     gang.finish(1)
     assert {n: p.wait(timeout=20) for n, p in gang.launchers.items()} == {0: 0, 1: 0}

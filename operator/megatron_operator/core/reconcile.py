@@ -446,14 +446,18 @@ class _Machine:
             return
         have = {x.node_rank for x in current}
         missing = [r for r in range(p.nodes) if r not in have]
+        isolate = self.s.network_policy
         if not missing:
             self.st.launched_attempt = n
+            if self.st.gang < n:
+                # Released in place: refresh the ConfigMap, so a spec changed since (trainIters,
+                # saveInterval) reaches the ranks once the kubelet syncs the mounted file.
+                self.out.create = children(job, p, isolate=isolate)
             return
         if any(x.active for x in stale):
             # An older attempt's live pod holds the same hostname (MASTER_ADDR) until it stops.
             return
         # Only the pods to create are rendered: a huge job never sits in memory whole.
-        isolate = self.s.network_policy
         created = [pod(job, p, r, n) for r in missing]
         if self.queue is not None:
             created = self.queue.admitted_pods(created)

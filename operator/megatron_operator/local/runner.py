@@ -223,6 +223,8 @@ class LocalRunner:
                 del self.pods[r.name]
         if out.create_pods:
             self._start(out.create, attempt)
+        elif any(o["kind"] == "ConfigMap" for o in out.create):  # released in place
+            self._write_config(out.create)
 
     def _result(self, status: dict[str, Any]) -> Result:
         self._stop(list(self.pods.values()))
@@ -268,9 +270,7 @@ class LocalRunner:
 
     # --- pods as process groups
     def _start(self, objs: list[dict[str, Any]], attempt: int) -> None:
-        if any(o["kind"] == "ConfigMap" for o in objs):
-            config = local_config(objs, self.layout)
-            self.layout.config.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        self._write_config(objs)
         logs = self.layout.logs(attempt)
         logs.mkdir(parents=True, exist_ok=True)
         self.display.set_attempt(attempt)
@@ -295,6 +295,12 @@ class LocalRunner:
                 start_new_session=True,  # its own process group: Ctrl-C reaches us, not it
             )
             self.pods[pod.name] = Running(pod.name, pod.node_rank, attempt, proc, log)
+
+    def _write_config(self, objs: list[dict[str, Any]]) -> None:
+        if any(o["kind"] == "ConfigMap" for o in objs):
+            config = local_config(objs, self.layout)
+            text = json.dumps(config, indent=2) + "\n"
+            _write_atomically(self.layout.config, text)
 
     def _maybe_inject(self, rec: dict[str, Any]) -> None:
         step = rec.get("iteration")
