@@ -247,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             child[MASTER_PORT] = str(port)  # a fresh rendezvous port each attempt
             return child
 
-        return inplace.run(env, command, env_for)
+        # The built-in worker can wait imported for the next attempt (worker.py --standby).
+        return inplace.run(env, command, env_for, [*command, "--standby"])
     supervisor = Supervisor(env, cpu, command, parallel)
     supervisor.start()
     return supervisor.wait()

@@ -194,8 +194,12 @@ class Agent:
             self.in_place = m.get("inPlace", True) is not False
             if self.ranks.running:
                 self.ranks.kill()
-            self.say(f"starting the ranks of attempt {attempt} (rendezvous port {port})")
             self.ranks.start(attempt, port)
+            warm = getattr(self.ranks, "warm", 0)
+            self.say(
+                f"started the ranks of attempt {attempt} (rendezvous port {port}"
+                + (f"; {warm} of {self.nproc} from standby processes)" if warm else ")")
+            )
             self.epoch = attempt
             self.succeeded.clear()
             self.failure = None

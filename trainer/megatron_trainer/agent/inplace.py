@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from types import FrameType
 
 from megatron_contract.env import RuntimeEnv
@@ -25,7 +26,9 @@ COORDINATOR_NODE_RANK = 0  # the pod behind MASTER_ADDR; losing it recreates the
 
 
 def say(text: str) -> None:
-    print(f"megatron_trainer: {text}", file=sys.stderr, flush=True)
+    """A line of the pod's log, with the time (a restart's steps are seconds apart)."""
+    now = datetime.now(UTC).strftime("%H:%M:%S.%f")[:-3]
+    print(f"megatron_trainer: {now} {text}", file=sys.stderr, flush=True)
 
 
 def loopback(addr: str) -> bool:
@@ -60,7 +63,12 @@ class _NoSink:
         pass
 
 
-def run(env: RuntimeEnv, command: Sequence[str], env_for: EnvFor) -> int:
+def run(
+    env: RuntimeEnv,
+    command: Sequence[str],
+    env_for: EnvFor,
+    standby: Sequence[str] | None = None,
+) -> int:
     become_subreaper()
     address = (env.master_addr, env.coordinator_port)
     coordinator: Coordinator | None = None
@@ -83,7 +91,7 @@ def run(env: RuntimeEnv, command: Sequence[str], env_for: EnvFor) -> int:
             f"coordinating {env.nnodes} launcher(s) on port {coordinator.port}; decisions from "
             f"{where}" + ("" if source else ": a failed rank will end its pod")
         )
-    ranks = RankProcesses(env.nproc_per_node, command, env_for)
+    ranks = RankProcesses(env.nproc_per_node, command, env_for, standby)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -108,6 +116,7 @@ def run(env: RuntimeEnv, command: Sequence[str], env_for: EnvFor) -> int:
         return agent.run()
     finally:
         signal.set_wakeup_fd(-1)
+        ranks.drop_standbys()
         ranks.kill()
         if coordinator is not None:
             coordinator.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -48,8 +49,9 @@ def send(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def descendants(root: int) -> list[int]:
-    """All live descendants of `root`, from /proc (no psutil needed in the launcher)."""
+def descendants(root: int, keep: set[int] | None = None) -> list[int]:
+    """All live descendants of `root`, from /proc (no psutil needed in the launcher), except the
+    processes in `keep` and theirs."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -66,6 +68,8 @@ def descendants(root: int) -> list[int]:
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
+            if keep and child in keep:
+                continue
             found.append(child)
             todo.append(child)
     return found
@@ -100,14 +104,28 @@ EnvFor = Callable[[int, int, int], Mapping[str, str]]  # (local rank, attempt, p
 
 
 class RankProcesses:
-    """`nproc` processes running `command`, each with `env_for(local rank, attempt, port)`."""
+    """`nproc` processes running `command`, each with `env_for(local rank, attempt, port)`.
+
+    With a `standby` command, one process per local rank is kept ready for the next attempt: it
+    imports what a rank needs and waits on its stdin, where `start` writes the variables that
+    differ for the attempt (one JSON line). Only what a rank costs before it touches a process
+    group or a device is saved; a standby that died is replaced by a cold start."""
 
     KILL_WAIT_SECONDS = 30.0  # a process in uninterruptible sleep (a hung NFS write) may linger
 
-    def __init__(self, nproc: int, command: Sequence[str], env_for: EnvFor) -> None:
+    def __init__(
+        self,
+        nproc: int,
+        command: Sequence[str],
+        env_for: EnvFor,
+        standby: Sequence[str] | None = None,
+    ) -> None:
         self.nproc = nproc
         self.command = list(command)
         self.env_for = env_for
+        self.standby_command = list(standby) if standby else None
+        self.standbys: dict[int, tuple[subprocess.Popen[bytes], dict[str, str]]] = {}
+        self.warm = 0  # ranks the last start took from standbys
         # pid → (local rank, process), for the ranks not reaped yet. The Popen objects are kept:
         # one dropped unreaped would be reaped by subprocess's own cleanup, hiding its exit code.
         self.procs: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
@@ -117,13 +135,61 @@ class RankProcesses:
         return bool(self.procs)
 
     def start(self, attempt: int, port: int) -> None:
+        self.warm = 0
         for local in range(self.nproc):
-            proc = subprocess.Popen(
-                self.command,
-                env=dict(self.env_for(local, attempt, port)),
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only a pre-resolved prctl runs
-            )
+            env = dict(self.env_for(local, attempt, port))
+            proc = self._release(local, env)
+            if proc is not None:
+                self.warm += 1
+            else:
+                proc = subprocess.Popen(
+                    self.command,
+                    env=env,
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509 - only a pre-resolved prctl
+                )
             self.procs[proc.pid] = (local, proc)
+        self._prepare(attempt, port)
+
+    def _release(self, local: int, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+        """Hand a standby the variables of this attempt; None if there is none alive."""
+        ready = self.standbys.pop(local, None)
+        if ready is None:
+            return None
+        proc, base = ready
+        changes = {k: v for k, v in env.items() if base.get(k) != v}
+        try:
+            if proc.poll() is not None or proc.stdin is None:
+                raise OSError("the standby is gone")
+            proc.stdin.write(json.dumps(changes).encode() + b"\n")
+            proc.stdin.close()
+        except OSError:
+            send(proc.pid, signal.SIGKILL)
+            return None
+        return proc
+
+    def _prepare(self, attempt: int, port: int) -> None:
+        """Start the standbys for the next attempt (they import while this one trains)."""
+        if self.standby_command is None:
+            return
+        for local in range(self.nproc):
+            if local in self.standbys:
+                continue
+            env = dict(self.env_for(local, attempt, port))
+            proc = subprocess.Popen(
+                self.standby_command,
+                env=env,
+                stdin=subprocess.PIPE,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only a pre-resolved prctl
+            )
+            self.standbys[local] = (proc, env)
+
+    def drop_standbys(self) -> None:
+        for proc, _ in self.standbys.values():
+            send(proc.pid, signal.SIGKILL)
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        self.standbys.clear()
 
     def reap(self) -> list[tuple[int, int]]:
         ended = []
@@ -148,9 +214,10 @@ class RankProcesses:
             send(pid, sig)
 
     def kill(self) -> None:
+        keep = {proc.pid for proc, _ in self.standbys.values()}
         deadline = time.monotonic() + self.KILL_WAIT_SECONDS
         while True:
-            for pid in descendants(os.getpid()):
+            for pid in descendants(os.getpid(), keep):
                 send(pid, signal.SIGKILL)
             self.reap()
             if not self.procs or time.monotonic() > deadline:
