@@ -22,6 +22,7 @@ from .operator_support import (
     Op,
     events,
     install_crd,
+    operator,  # noqa: F401 - fixture
     pods,
     status,
     tiny_gpu_job,
@@ -72,7 +73,11 @@ def test_a_reported_rank_failure_restarts_every_rank_in_place(
     wait_pods(cluster, ns, "inplace", 2, phase="Running", attempt=0)
     wait_phase(cluster, ns, "inplace", "Running")
     before = uids(cluster, ns, "inplace")
-    config = cluster.kubectl_json("get", "configmap", "-n", ns, "inplace-config")
+    # A change allowed at any time, which the next attempt's ranks must read.
+    cluster.kubectl(
+        "patch", "mj", "-n", ns, "inplace", "--type=merge", "-p",
+        '{"spec":{"training":{"trainIters":250}}}',
+    )  # fmt: skip
     report(cluster, ns, "inplace", attempt=0, node=1, code=1)
     st = wait_status(cluster, ns, "inplace", lambda s: s.get("restartAttempt") == 1, "the decision")
     failure = st["lastFailure"]
@@ -83,8 +88,8 @@ def test_a_reported_rank_failure_restarts_every_rank_in_place(
     time.sleep(2)
     assert uids(cluster, ns, "inplace") == before  # no pod deleted, none created
     # The release refreshed the config the ranks of the next attempt read.
-    after = cluster.kubectl_json("get", "configmap", "-n", ns, "inplace-config")
-    assert after["metadata"]["resourceVersion"] != config["metadata"]["resourceVersion"]
+    config = cluster.kubectl_json("get", "configmap", "-n", ns, "inplace-config")
+    assert json.loads(config["data"]["config.json"])["training"]["trainIters"] == 250
     warnings = [e["message"] for e in events(cluster, ns, "inplace") if e["type"] == "Warning"]
     assert any("restarting every rank in place as attempt 1" in m for m in warnings), warnings
     assert 'rung="InPlace"' in operator.metrics()

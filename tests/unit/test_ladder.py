@@ -82,6 +82,7 @@ def test_a_rank_failure_restarts_every_rank_in_place() -> None:
     assert st["lastFailure"]["exitCode"] == 1 and st["lastFailure"]["pod"] == "job-a0-2"
     assert out.restart_rung == "InPlace" and out.restart_reason == "Error"
     assert not out.delete_pods and not out.create
+    assert out.requeue_after < 1  # nothing it deletes will wake it: the backoff starts now
     assert any("restarting every rank in place as attempt 1" in m for _, m in sim.events)
     _released(sim)
     # Nothing was deleted or created: the same pods run attempt 1.

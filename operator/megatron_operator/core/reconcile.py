@@ -646,6 +646,9 @@ class _Machine:
         self.cond(C.RESTARTING, True, cause.reason, message)
         self.event(EventType.WARNING, Reason.RESTARTING, message)
         self.delete(doomed)
+        # Look again at once: an in-place restart deletes nothing whose events would wake us,
+        # and its backoff starts at the next reconcile.
+        self.deadlines.append(self.now)
 
     def uncounted_last_hour(self) -> list[str]:
         """The uncounted restarts of the last hour (the restart-loop cap, core/policy.py)."""
