@@ -8,12 +8,13 @@ Lease, `Sim.report_launchers`); the operator's side is the real `reconcile`.
 from __future__ import annotations
 
 import copy
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from megatron_operator.core.ladder import partition
-from megatron_operator.core.observe import pod_view
+from megatron_operator.core.observe import format_time, pod_view
 from megatron_operator.core.reconcile import reconcile
 
 from .sim import Sim
@@ -82,7 +83,10 @@ def test_a_rank_failure_restarts_every_rank_in_place() -> None:
     assert st["lastFailure"]["exitCode"] == 1 and st["lastFailure"]["pod"] == "job-a0-2"
     assert out.restart_rung == "InPlace" and out.restart_reason == "Error"
     assert not out.delete_pods and not out.create
-    assert out.requeue_after < 1  # nothing it deletes will wake it: the backoff starts now
+    # Nothing it deletes will wake it: the backoff starts at the decision, and the release is
+    # due when it ends.
+    assert st["restartAt"] == format_time(sim.now + timedelta(seconds=1))
+    assert out.requeue_after == pytest.approx(1.05)
     assert any("restarting every rank in place as attempt 1" in m for _, m in sim.events)
     _released(sim)
     # Nothing was deleted or created: the same pods run attempt 1.

@@ -646,9 +646,12 @@ class _Machine:
         self.cond(C.RESTARTING, True, cause.reason, message)
         self.event(EventType.WARNING, Reason.RESTARTING, message)
         self.delete(doomed)
-        # Look again at once: an in-place restart deletes nothing whose events would wake us,
-        # and its backoff starts at the next reconcile.
-        self.deadlines.append(self.now)
+        if choice.rung == Rung.IN_PLACE:
+            # Nothing to wait for before the backoff (no pod goes): it starts now, and the
+            # release is due when it ends (no pod event would wake the job before that).
+            start = self.now + timedelta(seconds=backoff_seconds(policy, self.st.restarts - 1))
+            self.st.restart_at = format_time(start)
+            self.deadlines.append(start)
 
     def uncounted_last_hour(self) -> list[str]:
         """The uncounted restarts of the last hour (the restart-loop cap, core/policy.py)."""
