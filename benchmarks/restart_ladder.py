@@ -364,7 +364,8 @@ def main() -> int:
     launchers: Launchers | None = None
     try:
         b.start_operator(state / "ladder-operator.log")
-        ns, job, n = "bench-ladder", "ladder", args.pods
+        suffix = os.urandom(3).hex()
+        ns, job, n = f"bench-ladder-{suffix}", "ladder", args.pods
         b.kubectl("create", "namespace", ns)
         b.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(PVC))
         body = b.job(ns, job, n)
@@ -420,16 +421,18 @@ def main() -> int:
         launchers.stop()
         launchers = None
         watch.stop.set()
-        b.kubectl("delete", "mj", "-n", ns, job, "--wait=true", "--timeout=600s")
+        b.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=600s")
         if n >= 1024:
-            b.kubectl("create", "namespace", "bench-restart")
-            b.kubectl("apply", "-n", "bench-restart", "-f", "-", input=json.dumps(PVC))
-            t = failure_to_recreated(b, "bench-restart", n)
+            recreate = f"bench-recreate-{suffix}"
+            b.kubectl("create", "namespace", recreate)
+            b.kubectl("apply", "-n", recreate, "-f", "-", input=json.dumps(PVC))
+            t = failure_to_recreated(b, recreate, n)
             print(
                 f"Recreate at {n:,} pods: failure → every pod of the next attempt created "
                 f"{t:.1f} s (goal ≤ 30 s)",
                 flush=True,
             )
+            b.kubectl("delete", "namespace", recreate, "--wait=true", "--timeout=600s")
     finally:
         if launchers is not None:
             launchers.stop()
