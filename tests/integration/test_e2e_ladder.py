@@ -111,9 +111,7 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
         assert st["restarts"] == 2 and st["lastFailure"]["rung"] == "ReplacePod", st
         now = uids(c, ns, "ladder")
         assert now["0"] == first["0"] and now["1"] != first["1"], (first, now)
-        replaced = next(
-            p for p in pods_of(c, ns, "ladder") if p["metadata"]["uid"] == now["1"]
-        )
+        replaced = next(p for p in pods_of(c, ns, "ladder") if p["metadata"]["uid"] == now["1"])
         assert replaced["metadata"]["name"] == "ladder-a2-1"
         assert replaced["spec"]["hostname"] == "ladder-1"
 
