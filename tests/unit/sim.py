@@ -153,8 +153,10 @@ class Sim:
         """Write the launchers' report as the coordinator would: rank failures (node rank, exit
         code) of `attempt` (default: the current one) and the pods whose launcher dropped out."""
         assert self.lease is not None, "the operator has not created the progress Lease yet"
-        if attempt is None:
+        if attempt is None:  # the attempt the ranks run: a decided one is not started yet
             attempt = int(self.status.get("restartAttempt", 0))
+            if self.status.get("phase") == "Restarting":
+                attempt -= 1
         when = format_time(self.now)
         report = Report(
             attempt=attempt,

@@ -12,6 +12,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from megatron_operator.core.ladder import partition
 from megatron_operator.core.observe import format_time, pod_view
@@ -390,3 +392,84 @@ def test_reconcile_of_a_status_from_before_the_ladder_keeps_its_pods() -> None:
     status.pop("gangAttempt", None)
     out = reconcile(sim.world(), sim.settings)
     assert out.status["phase"] == "Running" and not out.delete_pods and not out.create
+
+
+# --- any sequence of failures -------------------------------------------------------------------
+ACTIONS = st.sampled_from(
+    ["rank", "rank-fatal", "pod", "container", "host", "progress", "tick", "kubelet", "crash"]
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(ACTIONS, st.integers(0, 3)), max_size=30))
+def test_any_sequence_of_failures_counts_each_restart_once_and_never_doubles_a_pod(
+    events: list[tuple[str, int]],
+) -> None:
+    """Rank failures, lost pods and containers, progress, time and operator crashes in any
+    order. Each restart is counted once (one `Restarting` decision event each, restartAttempt
+    moving with it), a pod is only created for a node rank that has none left, an in-place
+    decision deletes nothing, and whatever the last decision, the job settles."""
+    sim = _sim({"maxRestarts": 100})
+    _running(sim)
+    decisions = 0
+    for action, node in events:
+        if sim.status["phase"] in ("Failed", "Succeeded"):
+            break
+        current = sorted(
+            n
+            for n, p in sim.pods.items()
+            if p["metadata"]["labels"]["megatron.dev/node-rank"] == str(node)
+        )
+        name = current[-1] if current else None
+        crash = False
+        if action == "rank":
+            sim.report_launchers(failures=[(node, 1)])
+        elif action == "rank-fatal":
+            sim.report_launchers(failures=[(node, 78)])
+        elif action in ("pod", "host") and name is not None:
+            target = (
+                name
+                if action == "pod"
+                else sorted(n for n, p in sim.pods.items() if n.endswith("-0"))[-1]
+            )
+            if sim.pods[target]["status"].get("phase") == "Running":
+                sim.fail(target, exit_code=137)
+        elif action == "container" and name is not None:
+            sim.report_launchers(lost=[name])
+        elif action == "progress":
+            sim.report_progress(10)
+        elif action == "tick":
+            sim.tick(1)
+        elif action == "kubelet":
+            sim.finish_deletions()
+            sim.run_all()
+        elif action == "crash":
+            crash = True
+        before = dict(sim.status)
+        ranks_alive = {p["metadata"]["labels"]["megatron.dev/node-rank"] for p in sim.pods.values()}
+        out = reconcile(sim.world(), sim.settings) if crash else sim.step()
+        for created in out.create_pods:
+            rank = created["metadata"]["labels"]["megatron.dev/node-rank"]
+            assert crash or rank not in ranks_alive, f"two pods of node rank {rank}"
+        after = sim.status
+        if after.get("restarts", 0) > before.get("restarts", 0):
+            assert after["restarts"] == before.get("restarts", 0) + 1
+            assert after["restartAttempt"] == before.get("restartAttempt", 0) + 1
+            decisions += 1
+            if not crash and after["lastFailure"]["rung"] == "InPlace":
+                assert not out.delete_pods and not out.force_delete
+        assert after.get("restartAttempt", 0) >= before.get("restartAttempt", 0)
+    assert sim.status.get("restarts", 0) == decisions
+    made = [m for r, m in sim.events if r == "Restarting" and ": " in m and "rule" in m]
+    assert len(made) == decisions, made
+    if sim.status["phase"] not in ("Failed", "Succeeded"):
+        sim.report_launchers()  # the coordinator's report of a new attempt: nothing failed
+        for _ in range(8):  # nothing more fails: it runs again
+            sim.step()
+            sim.finish_deletions()
+            sim.run_all()
+            sim.tick(1)
+        assert sim.status["phase"] == "Running", sim.status
+        live = [p for p in sim.pods.values() if not p["metadata"].get("deletionTimestamp")]
+        ranks = sorted(p["metadata"]["labels"]["megatron.dev/node-rank"] for p in live)
+        assert ranks == ["0", "1", "2", "3"], ranks
