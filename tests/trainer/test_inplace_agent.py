@@ -166,9 +166,13 @@ def test_ranks_start_behind_the_barrier_and_restart_in_place_on_the_decision(gan
     assert {n: p.pid for n, p in gang.launchers.items()} == launchers
     assert all(p.poll() is None for p in gang.launchers.values())
 
-    gang.finish(1)
-    codes = {n: p.wait(timeout=20) for n, p in gang.launchers.items()}
-    assert codes == {0: 0, 1: 0}, gang.logs()
+    gang.finish(1, ranks=[2, 3])  # node rank 1 finishes first: it leaves, it is not lost
+    assert gang.launchers[1].wait(timeout=20) == 0, gang.logs()
+    time.sleep(0.3)
+    report = gang.report()
+    assert report is not None and report.lost == ()
+    gang.finish(1, ranks=[0, 1])
+    assert gang.launchers[0].wait(timeout=20) == 0, gang.logs()
     assert not [r for r in gang.ranks() if alive(r["pid"])]
 
 

@@ -81,6 +81,14 @@ class Agent:
 
     # --- the loop
     def run(self) -> int:
+        code = self._loop()
+        # Leaving on purpose (done, stopped, or giving up): not a launcher lost to the gang.
+        self._send({"op": "bye", "code": code})
+        if self.conn is not None:
+            self.conn.flush()
+        return code
+
+    def _loop(self) -> int:
         while True:
             if self.terminating:
                 return self._terminate()

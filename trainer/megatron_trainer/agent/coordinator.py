@@ -68,6 +68,7 @@ def raise_fd_limit() -> None:
 class Client:
     node: int | None = None  # None until its hello
     pod: str = ""
+    leaving: bool = False  # it said bye: its connection ending is no loss
     epoch: int | None = None  # the attempt its ranks run; None: no rank runs
     stop_sent: int = -1
 
@@ -220,6 +221,8 @@ class Coordinator:
             return
         if self.by_node.get(client.node) is conn:
             del self.by_node[client.node]
+            if client.leaving:
+                return
             self.lost[client.node] = LostLauncher(client.node, client.pod, now_text())
             log.warning(
                 "coordinator: the launcher of %s (node rank %d) dropped", client.pod, client.node
@@ -261,6 +264,8 @@ class Coordinator:
                 self._report_soon(REPORT_SETTLE_SECONDS)
         elif op == "stopped":
             client.epoch = None
+        elif op == "bye":
+            client.leaving = True
         elif op == "started":
             epoch = count(m, "epoch")
             client.epoch = epoch

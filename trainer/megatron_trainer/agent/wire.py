@@ -5,6 +5,7 @@ Launcher → coordinator:
     {"op": "failed", "epoch": 4, "local": 1, "code": 137, "time": "…"}
     {"op": "stopped"}                                              no rank of it runs any more
     {"op": "started", "epoch": 5}
+    {"op": "bye", "code": 0}                                       leaving on purpose
 Coordinator → launcher:
     {"op": "stop", "attempt": 5}                 stop every rank of an older attempt
     {"op": "start", "attempt": 5, "port": 41234} start the ranks of attempt 5 (MASTER_PORT 41234)
