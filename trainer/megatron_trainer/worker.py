@@ -71,6 +71,11 @@ def standby(delay: float = STANDBY_DELAY_SECONDS) -> bool:
         return False  # the launcher closed the pipe: not needed
     changes = json.loads(line)
     os.environ.update({str(k): str(v) for k, v in changes.items()})
+    # Released: stdin no longer the launcher's pipe, which is how a process that looks for this
+    # rank (`mjob run --inject-failure`) tells it from a standby still waiting.
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     return True
 
 
