@@ -92,7 +92,9 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
         st = job_status(c, ns, "ladder")
         assert st["restarts"] == 1 and st["restartAttempt"] == 1, st
         assert st["lastFailure"]["rung"] == "InPlace", st["lastFailure"]
-        assert st["lastFailure"]["exitCode"] == 137, st["lastFailure"]
+        # The killed rank (137) is normally the first the coordinator hears of; a rank of the
+        # other pod that lost its peer exits 1 a moment later.
+        assert st["lastFailure"]["exitCode"] in (137, 1), st["lastFailure"]
         assert uids(c, ns, "ladder") == first
         wait_attempt_step(c, logs, attempt=1, after=resumed["iteration"] + 2)
 
