@@ -473,3 +473,33 @@ def test_any_sequence_of_failures_counts_each_restart_once_and_never_doubles_a_p
         live = [p for p in sim.pods.values() if not p["metadata"].get("deletionTimestamp")]
         ranks = sorted(p["metadata"]["labels"]["megatron.dev/node-rank"] for p in live)
         assert ranks == ["0", "1", "2", "3"], ranks
+
+
+@pytest.mark.parametrize("made_by", ["Recreate", "an older operator"])
+def test_pods_whose_launchers_cannot_restart_in_place_are_recreated(made_by: str) -> None:
+    """The strategy the pods were created with decides, not the spec's now: a launcher of a
+    Recreate pod (or of an older operator's) exits at the first failed rank and runs no
+    coordinator, so switching the spec to InPlace cannot restart them in place."""
+    sim = _sim({"strategy": "Recreate"} if made_by == "Recreate" else None)
+    _running(sim)
+    if made_by == "Recreate":
+        sim.job["spec"]["restartPolicy"]["strategy"] = "InPlace"  # changed while running
+    else:
+        for pod in sim.pods.values():
+            del pod["metadata"]["annotations"]["megatron.dev/restart-strategy"]
+    sim.report_launchers(failures=[(1, 1)])
+    out = sim.step()
+    failure = sim.status["lastFailure"]
+    assert failure["rung"] == "Recreate" and "created to be recreated" in failure["rungReason"]
+    assert sorted(out.delete_pods) == PODS
+    _released(sim)
+    assert sim.attempts() == {"1"}
+    if made_by == "Recreate":  # the new gang's pods are InPlace ones: next time, in place
+        assert all(
+            p["metadata"]["annotations"]["megatron.dev/restart-strategy"] == "InPlace"
+            for p in sim.pods.values()
+        )
+        _stepped(sim)
+        sim.report_launchers(failures=[(1, 1)])
+        sim.step()
+        assert sim.status["lastFailure"]["rung"] == "InPlace"

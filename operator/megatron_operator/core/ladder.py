@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_contract.ladder import RECREATE
+from megatron_contract.ladder import IN_PLACE, RECREATE
 from megatron_operator.api.spec import RestartStrategy
 from megatron_operator.api.status import Rung
 from megatron_operator.core.jobstatus import JobStatus
@@ -66,11 +66,21 @@ def choose(
     cause: Failure,
     st: JobStatus,
     stepped: bool,
+    current: list[PodView],
 ) -> Choice:
     """The rung of the restart that `failures` (with `cause` to blame) call for, before the
-    status moves to the next attempt. `stepped`: the current attempt reported a training step."""
+    status moves to the next attempt. `stepped`: the current attempt reported a training step;
+    `current`: the gang's pods."""
     if strategy == RECREATE:
         return Choice(Rung.RECREATE, "spec.restartPolicy.strategy is Recreate")
+    plain = next((x for x in current if x.strategy != IN_PLACE), None)
+    if plain is not None:
+        return Choice(
+            Rung.RECREATE,
+            f"pod {plain.name} was created to be recreated (strategy "
+            f"{plain.strategy or 'Recreate, by an older operator'}): its launcher restarts nothing "
+            "in place",
+        )
     lost = [f for f in failures if f.pod_lost]
     host = next((f for f in lost if f.node_rank == MASTER_NODE_RANK), None)
     if host is not None:

@@ -15,6 +15,7 @@ from typing import Any
 from megatron_contract.ladder import REPORT_ANNOTATION, Report, parse_report
 from megatron_contract.paths import PROGRESS_ANNOTATION, TERMINATION_MESSAGE_MAX
 from megatron_operator.core.names import (
+    ANNOTATION_RESTART_STRATEGY,
     CONTAINER_NAME,
     LABEL_JOB_UID,
     LABEL_NODE_RANK,
@@ -127,11 +128,16 @@ class PodView:
     owner_uid: str | None = None  # uid of the controller ownerReference: whose pod it is
     ready: bool = False  # the Ready condition is True (Kueue's PodsReady counts these)
     terminated_message: str | None = None  # the container's termination message (its why)
+    strategy: str | None = None  # how its launcher handles a failed rank (None: an older pod)
 
     @property
     def active(self) -> bool:
         """Holds (or may still hold) resources: not terminated."""
         return self.phase not in ("Succeeded", "Failed")
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _trainer_state(status: dict[str, Any]) -> tuple[int | None, str | None, str | None]:
@@ -208,6 +214,7 @@ def pod_view(raw: dict[str, Any]) -> PodView:
         uid=meta.get("uid"),
         owner_uid=controller_uid(meta),
         ready=_ready(status),
+        strategy=_text((meta.get("annotations") or {}).get(ANNOTATION_RESTART_STRATEGY)),
     )
 
 

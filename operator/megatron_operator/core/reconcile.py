@@ -615,7 +615,7 @@ class _Machine:
             self.delete(self.pods)
             return
         # The rules say restart; the ladder says how (the lowest rung that can).
-        choice = ladder.choose(policy.strategy, failures, cause, self.st, self.stepped())
+        choice = ladder.choose(policy.strategy, failures, cause, self.st, self.stepped(), current)
         record["rung"] = str(choice.rung)
         if choice.why:
             record["rungReason"] = choice.why

@@ -19,6 +19,7 @@ from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY, CONFIG_MOUNT, 
 from megatron_operator.api.job import API_VERSION, GROUP, KIND, PLURAL, MegatronJob
 from megatron_operator.core.names import (
     ANNOTATION_LAYOUT,
+    ANNOTATION_RESTART_STRATEGY,
     CONTAINER_NAME,
     LABEL_JOB_NAME,
     LABEL_JOB_UID,
@@ -375,7 +376,10 @@ def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
         LABEL_NODE_RANK: str(node_rank),
     }
     meta = _meta(job, pod_name(job.name, node_rank, attempt), labels)
-    meta["annotations"] = {ANNOTATION_LAYOUT: plan.layout_string()}
+    meta["annotations"] = {
+        ANNOTATION_LAYOUT: plan.layout_string(),
+        ANNOTATION_RESTART_STRATEGY: s.restart_policy.strategy,
+    }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 

@@ -24,6 +24,7 @@ from megatron_contract.env import (
     STATUS_FILE,
 )
 from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY
+from megatron_operator.core.names import ANNOTATION_RESTART_STRATEGY
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class LocalPod:
     node_rank: int
     argv: list[str]
     env: dict[str, str]
+    strategy: str | None = None  # the pod's restart-strategy annotation
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,9 @@ def local_pods(
                 node_rank=int(pod["metadata"]["labels"]["megatron.dev/node-rank"]),
                 argv=argv,
                 env=env,
+                strategy=(pod["metadata"].get("annotations") or {}).get(
+                    ANNOTATION_RESTART_STRATEGY
+                ),
             )
         )
     return out

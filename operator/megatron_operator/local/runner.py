@@ -60,6 +60,7 @@ class Running:
     proc: subprocess.Popen[bytes]
     log: IO[bytes]
     code: int | None = None
+    strategy: str | None = None
 
     def view(self, uid: str | None) -> PodView:
         """The pod as the state machine sees pods: a phase and an exit code."""
@@ -83,6 +84,7 @@ class Running:
             else "Error",
             status_reason=None,
             disruption=None,
+            strategy=self.strategy,
         )
 
 
@@ -294,7 +296,9 @@ class LocalRunner:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: Ctrl-C reaches us, not it
             )
-            self.pods[pod.name] = Running(pod.name, pod.node_rank, attempt, proc, log)
+            self.pods[pod.name] = Running(
+                pod.name, pod.node_rank, attempt, proc, log, strategy=pod.strategy
+            )
 
     def _write_config(self, objs: list[dict[str, Any]]) -> None:
         if any(o["kind"] == "ConfigMap" for o in objs):
