@@ -23,16 +23,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
-from megatron_contract.config import load_config
+from megatron_contract.config import TrainerConfig, is_msc_url, load_config
 from megatron_contract.env import MASTER_PORT, RESTART_ATTEMPT, RuntimeEnv, runtime_env
 from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
 from megatron_contract.ladder import IN_PLACE
 from megatron_contract.paths import TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 
+from . import profilers
 from .agent.ranks import (
     _PR_SET_CHILD_SUBREAPER,
     _die_with_parent,
@@ -42,7 +43,9 @@ from .agent.ranks import (
     send,
 )
 from .decisions import CUDA_DEVICE_MAX_CONNECTIONS, cuda_env_defaults
+from .profilers import nsys
 from .signals import LAUNCHER_PID_ENV
+from .storage import profiles_dir, scratch_dir
 from .validate import validate
 
 __all__ = ["exit_code", "main", "rank_env"]
@@ -86,11 +89,13 @@ class Supervisor:
         cpu: bool,
         command: Sequence[str],
         parallel: tuple[int, int] = (1, 1),
+        wrap: Callable[[int, list[str]], list[str]] | None = None,
     ) -> None:
         self.env = env
         self.cpu = cpu
         self.parallel = parallel
         self.command = list(command)
+        self.wrap = wrap  # a global rank's command, e.g. under nsys (profiling)
         self.ranks: dict[int, subprocess.Popen[bytes]] = {}
         self.codes: dict[int, int] = {}
         self.first_failure: int | None = None
@@ -99,8 +104,11 @@ class Supervisor:
     def start(self) -> None:
         prctl(_PR_SET_CHILD_SUBREAPER, 1)
         for local_rank in range(self.env.nproc_per_node):
+            command = self.command
+            if self.wrap is not None:
+                command = self.wrap(self.env.global_rank(local_rank), command)
             proc = subprocess.Popen(
-                self.command,
+                command,
                 env=rank_env(os.environ, self.env, local_rank, self.cpu, self.parallel),
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - the launcher is single-threaded
             )
@@ -195,6 +203,41 @@ def _check_writable(directory: str) -> None:
         ) from err
 
 
+class NsysCaptures:
+    """Megatron Bridge's nsys profiling: exactly the listed ranks run under `nsys profile` with
+    the cudaProfilerApi capture range (the trainer opens and closes it at startStep/endStep), as
+    plain processes, one report a rank in <checkpoint dir>/profiles/<attempt>/. nsys writes to a
+    file, so with checkpoints on object storage it writes to local scratch and the launcher
+    uploads each report once its rank has exited."""
+
+    def __init__(self, config: TrainerConfig, attempt: int) -> None:
+        prof = config.profiling
+        self.ranks = set(prof.ranks) if prof is not None and prof.tool == nsys.NSYS else set()
+        self.target_dir = profiles_dir(config.checkpoint.dir, attempt)
+        self.remote = is_msc_url(config.checkpoint.dir)
+        self.reports: dict[str, str] = {}  # local report -> its place in storage (object storage)
+
+    def wrap(self, rank: int, command: list[str]) -> list[str]:
+        if rank not in self.ranks:
+            return command
+        name = profilers.capture_name(rank, nsys.SUFFIX).removesuffix("." + nsys.SUFFIX)
+        if self.remote:
+            base = os.path.join(scratch_dir("profiles"), name)
+            self.reports[f"{base}.{nsys.SUFFIX}"] = f"{self.target_dir}/{name}.{nsys.SUFFIX}"
+        else:
+            os.makedirs(self.target_dir, exist_ok=True)
+            base = os.path.join(self.target_dir, name)
+        return nsys.command(base, command)
+
+    def upload(self) -> None:
+        for local, target in self.reports.items():
+            if os.path.exists(local):
+                subprocess.run(
+                    [sys.executable, "-m", "megatron_trainer.storage", "upload", local, target],
+                    check=False,
+                )
+
+
 def version() -> str:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as package_version
@@ -203,6 +246,41 @@ def version() -> str:
         return package_version("megatron-operator")
     except PackageNotFoundError:  # a source tree without an install
         return "unknown"
+
+
+def _run_in_place(
+    env: RuntimeEnv,
+    config: TrainerConfig,
+    command: list[str],
+    cpu: bool,
+    parallel: tuple[int, int],
+) -> int:
+    """`restartPolicy.strategy: InPlace`: the pod outlives its ranks' attempts (agent/)."""
+    from .agent import inplace
+
+    captures: dict[int, NsysCaptures] = {}  # nsys reports go to profiles/<attempt>/
+
+    def env_for(local_rank: int, attempt: int, port: int) -> dict[str, str]:
+        child = rank_env(os.environ, env, local_rank, cpu, parallel)
+        child[RESTART_ATTEMPT] = str(attempt)  # the attempt the coordinator started
+        child[MASTER_PORT] = str(port)  # a fresh rendezvous port each attempt
+        return child
+
+    def wrap(local_rank: int, attempt: int, argv: list[str]) -> list[str]:
+        capture = captures.setdefault(attempt, NsysCaptures(config, attempt))
+        return capture.wrap(env.global_rank(local_rank), argv)
+
+    profiled = {
+        local
+        for local in range(env.nproc_per_node)
+        if env.global_rank(local) in NsysCaptures(config, env.restart_attempt).ranks
+    }
+    # The built-in worker can wait imported for the next attempt (worker.py --standby); a
+    # rank under nsys cannot (nsys must start it), so it always starts cold.
+    code = inplace.run(env, command, env_for, [*command, "--standby"], wrap, profiled)
+    for capture in captures.values():
+        capture.upload()
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -223,7 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = runtime_env(os.environ)
         config = load_config(env.config_path)
         validate(config, env)
-        _check_writable(config.checkpoint.dir)
+        if not is_msc_url(config.checkpoint.dir):  # object storage: MSC reports its own errors
+            _check_writable(config.checkpoint.dir)
     except ConfigError as err:
         print(f"megatron_trainer: {err}", file=sys.stderr, flush=True)
         write_termination_message(str(err))
@@ -239,16 +318,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cpu = config.platform == "cpu"
     parallel = (config.parallelism.tensor, config.parallelism.context)
     if env.restart_strategy == IN_PLACE:
-        from .agent import inplace
-
-        def env_for(local_rank: int, attempt: int, port: int) -> dict[str, str]:
-            child = rank_env(os.environ, env, local_rank, cpu, parallel)
-            child[RESTART_ATTEMPT] = str(attempt)  # the attempt the coordinator started
-            child[MASTER_PORT] = str(port)  # a fresh rendezvous port each attempt
-            return child
-
-        # The built-in worker can wait imported for the next attempt (worker.py --standby).
-        return inplace.run(env, command, env_for, [*command, "--standby"])
-    supervisor = Supervisor(env, cpu, command, parallel)
+        return _run_in_place(env, config, command, cpu, parallel)
+    captures = NsysCaptures(config, env.restart_attempt)
+    supervisor = Supervisor(env, cpu, command, parallel, wrap=captures.wrap)
     supervisor.start()
-    return supervisor.wait()
+    code = supervisor.wait()
+    captures.upload()
+    return code

@@ -18,9 +18,11 @@ from megatron_contract.env import (
     COORDINATOR_PORT,
     MASTER_ADDR,
     MASTER_PORT,
+    MSC_CONFIG,
     PROGRESS_FILE,
     PROGRESS_LEASE,
     REPORT_FILE,
+    SCRATCH,
     STATUS_FILE,
 )
 from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY
@@ -63,6 +65,10 @@ class Layout:
     def report(self) -> Path:
         """The launchers' report (the progress Lease's annotation in a cluster)."""
         return self.workdir / "launchers.json"
+
+    @property
+    def scratch(self) -> Path:
+        return self.workdir / "scratch"
 
     @property
     def summary(self) -> Path:
@@ -124,6 +130,10 @@ def local_pods(
         # No apiserver here: progress goes to the file, which the runner follows, and the
         # coordinator reads the runner's decisions from the status file.
         env.pop(PROGRESS_LEASE, None)
+        # checkpoint.url: this machine's MSC_CONFIG (inherited) replaces the mounted Secret.
+        env.pop(MSC_CONFIG, None)
+        if SCRATCH in env:
+            env[SCRATCH] = str(layout.scratch / pod["metadata"]["name"])
         argv = list(container["command"]) + list(container.get("args", []))
         if argv and argv[0] == "python":
             argv[0] = python  # the image's interpreter is this environment's

@@ -19,7 +19,7 @@ from megatron_contract.env import RuntimeEnv
 from .agent import Agent
 from .coordinator import Coordinator
 from .kubeapi import Api
-from .ranks import EnvFor, RankProcesses, become_subreaper
+from .ranks import EnvFor, RankProcesses, Wrap, become_subreaper
 from .sources import FileSink, JobWatch, LeaseSink, Sink, Source, StatusFile
 
 COORDINATOR_NODE_RANK = 0  # the pod behind MASTER_ADDR; losing it recreates the gang
@@ -68,6 +68,8 @@ def run(
     command: Sequence[str],
     env_for: EnvFor,
     standby: Sequence[str] | None = None,
+    wrap: Wrap | None = None,
+    cold: set[int] | None = None,
 ) -> int:
     become_subreaper()
     address = (env.master_addr, env.coordinator_port)
@@ -91,7 +93,7 @@ def run(
             f"coordinating {env.nnodes} launcher(s) on port {coordinator.port}; decisions from "
             f"{where}" + ("" if source else ": a failed rank will end its pod")
         )
-    ranks = RankProcesses(env.nproc_per_node, command, env_for, standby)
+    ranks = RankProcesses(env.nproc_per_node, command, env_for, standby, wrap, cold)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)

@@ -101,6 +101,7 @@ class Ranks(Protocol):
 
 
 EnvFor = Callable[[int, int, int], Mapping[str, str]]  # (local rank, attempt, port) → env
+Wrap = Callable[[int, int, list[str]], list[str]]  # (local rank, attempt, command) → command
 
 
 class RankProcesses:
@@ -119,11 +120,15 @@ class RankProcesses:
         command: Sequence[str],
         env_for: EnvFor,
         standby: Sequence[str] | None = None,
+        wrap: Wrap | None = None,
+        cold: set[int] | None = None,
     ) -> None:
         self.nproc = nproc
         self.command = list(command)
         self.env_for = env_for
         self.standby_command = list(standby) if standby else None
+        self.wrap = wrap  # a rank's command, e.g. under a profiler, per attempt
+        self.cold = cold or set()  # local ranks that never start from a standby
         self.standbys: dict[int, tuple[subprocess.Popen[bytes], dict[str, str]]] = {}
         self.warm = 0  # ranks the last start took from standbys
         # pid → (local rank, process), for the ranks not reaped yet. The Popen objects are kept:
@@ -142,8 +147,9 @@ class RankProcesses:
             if proc is not None:
                 self.warm += 1
             else:
+                command = self.wrap(local, attempt, self.command) if self.wrap else self.command
                 proc = subprocess.Popen(
-                    self.command,
+                    command,
                     env=env,
                     preexec_fn=_die_with_parent,  # noqa: PLW1509 - only a pre-resolved prctl
                 )
@@ -172,7 +178,7 @@ class RankProcesses:
         if self.standby_command is None:
             return
         for local in range(self.nproc):
-            if local in self.standbys:
+            if local in self.standbys or local in self.cold:
                 continue
             env = dict(self.env_for(local, attempt, port))
             proc = subprocess.Popen(
