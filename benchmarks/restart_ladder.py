@@ -443,6 +443,7 @@ def main() -> int:
                 check=False,
                 capture_output=True,
             )
+            subprocess.run(["rm", "-rf", str(state), str(work)], check=False)
     return 0
 
 
