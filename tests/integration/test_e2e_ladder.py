@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .real_nodes_support import RealCluster
+from .real_nodes_support import RealCluster, real_cluster
 from .test_e2e import (
     RANK_LABEL,
     Rank0Logs,
@@ -33,6 +33,7 @@ from .test_e2e import (
 )
 
 pytestmark = pytest.mark.slow
+__all__ = ["real_cluster"]  # the module fixture, imported so pytest finds it
 
 
 @pytest.fixture(scope="module")
