@@ -1,8 +1,8 @@
 """The restart ladder on real kubelets: a rank process killed inside a running pod restarts in
-place, and a killed container replaces that pod alone (opt-in, `MEGATRON_REAL_NODES=1`).
+place, and a killed container replaces that pod alone.
 
-One job, two real nodes (the module's `real_cluster`), the operator installed by the chart, the
-trainer image built from Dockerfile.trainer. The rank is killed with `cluster kill-process`
+One job on two of the session's real nodes, with the chart's operator (`real_operator`,
+conftest.py) and the trainer image built from Dockerfile.trainer. The rank is killed with `cluster kill-process`
 (one process of the container; the launcher, PID 1 of the container, lives on), the container
 with `cluster kill-container`. Losses are compared with `mjob run --local` of the same spec, step
 by step, as in test_e2e.py.
@@ -11,18 +11,16 @@ by step, as in test_e2e.py.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .real_nodes_support import RealCluster, real_cluster
+from .real_nodes_support import RealCluster
 from .test_e2e import (
     RANK_LABEL,
     Rank0Logs,
     assert_same_curve,
-    helm_install_operator,
     job_doc,
     job_status,
     local_losses,
@@ -33,12 +31,6 @@ from .test_e2e import (
 )
 
 pytestmark = pytest.mark.slow
-__all__ = ["real_cluster"]  # the module fixture, imported so pytest finds it
-
-
-@pytest.fixture(scope="module")
-def operator(real_cluster: RealCluster) -> Iterator[RealCluster]:
-    yield from helm_install_operator(real_cluster)
 
 
 def uids(c: RealCluster, ns: str, job: str) -> dict[str, str]:
@@ -66,9 +58,9 @@ def wait_attempt_step(
 
 
 def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod(
-    operator: RealCluster, tmp_path: Path
+    real_operator: RealCluster, tmp_path: Path
 ) -> None:
-    c = operator
+    c = real_operator
     ns = new_ns(c, "ladder")
     s = spec(c.image("trainer"), **{"restartPolicy.strategy": "InPlace"})
     c.apply(job_doc("ladder", s), ns)
@@ -123,6 +115,8 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
         assert done["restarts"] == 2, done
     finally:
         logs.close()
+        # The session's other scenarios share these nodes: never leave this job training.
+        c.kubectl("delete", "namespace", ns, "--wait=false")
     worst = assert_same_curve(logs.losses, local_losses(tmp_path, "ladder", s), 30)
     lines = logs.text().splitlines()
     print(
@@ -130,4 +124,3 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
         file=sys.stderr,
     )
     print("\n".join(line for line in lines if "megatron_trainer:" in line)[-4000:], file=sys.stderr)
-    c.kubectl("delete", "namespace", ns, "--wait=false")
