@@ -26,10 +26,10 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -41,9 +41,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.integration.conftest import build_paths, start_cluster  # noqa: E402
-from tests.integration.real_nodes_support import RealCluster  # noqa: E402
-from tests.integration.test_e2e import helm_install_operator, job_doc, spec  # noqa: E402
+from tests.integration.cluster_support import Cluster  # noqa: E402
+from tests.integration.real_nodes_support import (  # noqa: E402
+    RealCluster,
+    install_operator,
+    start_real_cluster,
+)
+from tests.integration.test_e2e import job_doc, spec  # noqa: E402
 
 PROGRESS = "MEGATRON_PROGRESS "
 KILLED = ("local rank 1 of attempt 0 exited with 137", "local rank 1 exited with 137")
@@ -156,23 +160,15 @@ def main() -> int:
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("real nodes need root (network namespaces, containerd, kubelet)")
-    build_paths()
     own = args.state is None
-    state = Path(args.state or tempfile.mkdtemp(prefix="megatron-ladder-real-"))
     if own:
-        print(f"starting a cluster with 2 real nodes in {state} (minutes) …", flush=True)
-        base = start_cluster(
-            state,
-            ["--nodes", "1", "--gpus-per-node", "0", "--nodes-per-rack", "2",
-             "--real-nodes", "2", "--node-monitor-grace-period", "15", "--timeout", "900"],
-            timeout=1000,
-        )  # fmt: skip
+        print("starting a cluster with 2 real nodes (minutes) …", flush=True)
+        c = start_real_cluster(2)
     else:
-        from tests.integration.conftest import Cluster
-
+        state = Path(args.state)
         base = Cluster(state, json.loads((state / "cluster.json").read_text()), owned=False)
-    c = RealCluster(state_dir=base.state_dir, info=base.info)
-    installed = helm_install_operator(c) if own else None
+        c = RealCluster(state_dir=base.state_dir, info=base.info)
+    installed = install_operator(c) if own else None
     if installed is not None:
         next(installed)
     print(
@@ -207,7 +203,7 @@ def main() -> int:
             installed.close()
         if own:
             c.down()
-            subprocess.run(["rm", "-rf", str(state)], check=False)
+            shutil.rmtree(c.state_dir, ignore_errors=True)
     return 0
 
 
