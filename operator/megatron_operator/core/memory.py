@@ -119,7 +119,7 @@ def _dense_layers(m: ModelConfig) -> int:
     return min(m.moe.first_k_dense_layers, m.num_layers) if m.moe else m.num_layers
 
 
-def _stage_layers(m: ModelConfig, d: ParallelDegrees, rank: int) -> tuple[int, int]:
+def stage_layers(m: ModelConfig, d: ParallelDegrees, rank: int) -> tuple[int, int]:
     """(dense layers, MoE layers) that pipeline rank `rank` holds. Layers are split evenly
     (the contract requires it); with virtual stages rank r holds chunks r, r + PP, r + 2·PP, …
     (Megatron-Core's interleaved layout); the first `first_k_dense_layers` are dense."""
@@ -256,7 +256,7 @@ def estimate(
     tokens = micro_batch_size * m.seq_length / d.cp  # of one microbatch, on this rank
     best: tuple[float, float, float] | None = None  # (weights, activations, params) bytes
     for rank in sorted({0, d.pp - 1}):
-        stage_dense, stage_moe = _stage_layers(m, d, rank)
+        stage_dense, stage_moe = stage_layers(m, d, rank)
         first, last = rank == 0, rank == d.pp - 1
         # The first stage holds the embedding, the last the output layer (a copy of the
         # embedding when they are tied, since Megatron-Core keeps one on the last stage).
