@@ -250,14 +250,14 @@ def step_cost(
     tensor_exposed = tensor_hidden = tensor_fwd = 0.0
     if tp > 1:
         unit = (tp - 1) / tp * tokens * h * w / hw.nvlink_bytes_per_s
-        exposed, hidden, fwd = (3, 2, 2) if d.sequence_parallel else (2, 2, 2)
+        n_exposed, n_hidden, n_fwd = (3, 2, 2) if d.sequence_parallel else (2, 2, 2)
         blocks = 2 * stage_dense  # attention + MLP of each dense layer
         if m.moe is not None:
             shared_block = 1 if m.moe.shared_expert_ffn_hidden_size else 0
             blocks += stage_moe * (1 + shared_block)
-        tensor_exposed = blocks * exposed * unit
-        tensor_hidden = blocks * hidden * unit
-        tensor_fwd = blocks * fwd * unit
+        tensor_exposed = blocks * n_exposed * unit
+        tensor_hidden = blocks * n_hidden * unit
+        tensor_fwd = blocks * n_fwd * unit
     if m.moe is not None and d.etp > 1:
         # The routed tokens are all-gathered over expert-tensor ranks before the experts and
         # reduce-scattered after, forward and backward.
@@ -324,8 +324,8 @@ def step_cost(
     expert_params = 0.0
     if m.moe is not None:
         e = m.moe
-        shared = _mlp_params(m, e.shared_expert_ffn_hidden_size or 0)
-        dense_params += stage_moe * (_attention_params(m) + shared)
+        shared_mlp = _mlp_params(m, e.shared_expert_ffn_hidden_size or 0)
+        dense_params += stage_moe * (_attention_params(m) + shared_mlp)
         expert_params = stage_moe * e.num_experts * _mlp_params(m, e.ffn_hidden_size)
     vocab_matrices = 2 if m.untie_embeddings_and_output_weights and d.pp == 1 else 1
     dense_params += vocab_matrices * h * m.padded_vocab_size
@@ -398,8 +398,8 @@ def step_cost(
         vpp = d.vpp or 1
         bubble = (d.pp - 1) / (vpp * micro)
         imbalance = max(f for f, _ in per_rank) / mean_flops - 1.0
-        per_micro = {"compute", "recompute", "tensor", "context", "expert"}
-        busy = 1.0 + sum(x.share for x in terms if x.name in per_micro) + share(fsdp_seconds)
+        per_micro_terms = {"compute", "recompute", "tensor", "context", "expert"}
+        busy = 1.0 + sum(x.share for x in terms if x.name in per_micro_terms) + share(fsdp_seconds)
         # Neighbouring stages are TP·CP·DP ranks apart (pipeline is the outermost dimension).
         bw, _ = link(2 * tp * d.cp * d.dp)
         send = tokens / sp * h * w / bw
