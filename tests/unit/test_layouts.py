@@ -28,10 +28,10 @@ def _layout(p: Any) -> tuple[int, int, int, int, int, bool]:
 
 
 # Published layouts (model, GPUs, seq, GBS, the layout TP, PP, VPP, CP, EP), from
-#  - Megatron Bridge src/megatron/bridge/recipes/llama/llama3.py: Llama-3 8B TP1·PP1·CP2;
-#    Llama-3 70B TP4·PP4·VPP5·CP2 with SP (its 32-GPU H100 config);
-#  - Megatron Bridge src/megatron/bridge/recipes/deepseek/deepseek_v2_lite.py: TP1·PP1·EP8 with
-#    full recompute;
+#  - Megatron Bridge src/megatron/bridge/recipes/llama/llama3.py: llama3_8b_pretrain_config
+#    TP1·PP1·CP2; llama3_70b_pretrain_config TP4·PP4·VPP5·CP2 with SP (32 H100s);
+#  - Megatron Bridge src/megatron/bridge/recipes/deepseek/deepseek_v2_lite.py:
+#    deepseek_v2_lite_pretrain_config TP1·PP1·EP8 with full recompute;
 #  - NeMo-Framework-Launcher examples/training/mixtral/h100/mixtral_8x7b_bf16.sh:
 #    TP1·PP4·VPP8·EP8.
 PUBLISHED = [
