@@ -139,6 +139,16 @@ def _tensor(lay: Layout) -> Iterator[Problem]:
             "parallelism.sequenceParallel",
             "sequenceParallel needs parallelism.tensor > 1: set tensor ≥ 2 or turn it off",
         )
+    cp, seq = lay.parallelism.context, m.seq_length
+    if sp and tp > 1 and seq % cp == 0 and (seq // cp) % tp:
+        # Megatron-Core scatters each context-parallel rank's sequence over the tensor ranks
+        # (tensor_parallel.mappings `_split_along_first_dim` asserts it divides).
+        yield Problem(
+            "parallelism.sequenceParallel",
+            f"sequence parallelism splits each context-parallel rank's {seq // cp} tokens "
+            f"(model.seqLength {seq} / context {cp}) over tensor ({tp}) ranks, which must divide "
+            "them: change model.seqLength or parallelism.tensor, or turn sequenceParallel off",
+        )
     if m.moe is not None and tp > 1 and not sp:
         yield Problem(
             "parallelism.sequenceParallel",
@@ -271,11 +281,6 @@ def _platform(lay: Layout) -> Iterator[Problem]:
             "parallelism.context",
             f"context parallelism is CUDA-only (it needs Transformer Engine attention): set "
             f"context: 1 {cuda}",
-        )
-    if p.expert > 1:
-        yield Problem(
-            "parallelism.expert",
-            f"expert parallelism is CUDA-only in this trainer: set expert: 1 {cuda}",
         )
     if p.fsdp:
         yield Problem(

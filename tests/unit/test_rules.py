@@ -107,6 +107,23 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         True,
     ),
     (
+        "sequence parallel splits seqLength / context over TP",
+        "spec.parallelism.sequenceParallel",
+        {
+            "parallelism.tensor": 4,
+            "parallelism.context": 2,
+            "parallelism.sequenceParallel": True,
+            "model.seqLength": 112,  # 56 tokens per CP rank, 14 per TP rank
+        },
+        {
+            "parallelism.tensor": 4,
+            "parallelism.context": 2,
+            "parallelism.sequenceParallel": True,
+            "model.seqLength": 108,  # 54 tokens per CP rank: 2·CP divides, TP does not
+        },
+        True,
+    ),
+    (
         "MoE with TP needs sequence parallel",
         "spec.parallelism.sequenceParallel",
         {"model.moe": MOE, "parallelism.tensor": 2},  # on by default with TP on GPUs
@@ -350,17 +367,6 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         "spec.parallelism.context",
         {"parallelism.context": 2},
         {**CPU, "parallelism.context": 2},
-        True,
-    ),
-    (
-        "expert parallelism is CUDA-only",
-        "spec.parallelism.expert",
-        {"model.moe": MOE, "parallelism.expert": 2},
-        {
-            **CPU,
-            "model.moe": {**MOE, "tokenDispatcher": "allgather"},
-            "parallelism.expert": 2,
-        },
         True,
     ),
     (

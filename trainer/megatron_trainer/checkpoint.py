@@ -30,7 +30,6 @@ from megatron.core.dist_checkpointing.serialization import (
     get_default_load_sharded_strategy,
     get_default_save_sharded_strategy,
 )
-from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
 from megatron.core.dist_checkpointing.strategies.fully_parallel import (
     FullyParallelLoadStrategyWrapper,
@@ -42,6 +41,8 @@ from megatron_contract.config import CheckpointConfig, TrainerConfig, is_msc_url
 from megatron_contract.errors import ConfigError
 
 from . import optim_compat
+from .async_save import abort as abort_writer
+from .async_save import writer_queue
 from .decisions import save_sharding_type
 from .flops import flops_per_step
 from .interchange import (
@@ -270,7 +271,7 @@ class Resumed:
 class Checkpointer:
     """Save/load for one rank. Every method is collective: all ranks call it at the same point."""
 
-    def __init__(self, cfg: TrainerConfig, platform: Platform) -> None:
+    def __init__(self, cfg: TrainerConfig, platform: Platform, local_rank: int = 0) -> None:
         self.cfg = cfg
         self.ckpt: CheckpointConfig = cfg.checkpoint
         self.root = cfg.checkpoint.dir  # a directory or an msc:// URL
@@ -279,9 +280,7 @@ class Checkpointer:
         self.platform = platform
         self.rank = torch.distributed.get_rank()
         self.async_queue = (
-            AsyncCallsQueue(persistent=persistent_async_worker(platform.is_cuda))
-            if cfg.checkpoint.async_save
-            else None
+            writer_queue(local_rank, platform.is_cuda) if cfg.checkpoint.async_save else None
         )
         self.pruner = Pruner(self.root, cfg.checkpoint.keep) if self.rank == 0 else None
         self.newest: int | None = None  # newest complete checkpoint (for progress reports)
@@ -436,12 +435,14 @@ class Checkpointer:
         state["num_floating_point_operations_so_far"] = iteration * flops_per_step(
             self.cfg.model, self.cfg.training.global_batch_size
         )
+        ddp = model[0].ddp_config
         state["args"] = megatron_lm_args(
             self.cfg,
             iteration=iteration,
             consumed_samples=consumed_samples,
             sharding_type=sharding,
             moe_grouped_gemm=bool(getattr(model[0].config, "moe_grouped_gemm", False)),
+            ddp=ddp,
         )
         state["trainer"] = {
             "formatVersion": FORMAT_VERSION,
@@ -453,6 +454,9 @@ class Checkpointer:
             "shardingType": sharding,
             "jobUid": self.cfg.job.uid,
             "loss": loss,
+            "precision": self.cfg.training.precision,
+            # The dp_reshardable optimizer state is per bucket: a resume builds the same ones.
+            "bucketSize": ddp.bucket_size,
         }
         use_async = self.async_queue is not None and not blocking
         request = dist_checkpointing.save(
@@ -506,6 +510,14 @@ class Checkpointer:
         if self.pruner is not None:
             self.pruner.close()
 
+    def abort(self) -> None:
+        """On an error exit: kill the async writer (a save in flight stays incomplete) and
+        leave pending prunes to die with the process. Not collective."""
+        if self.async_queue is not None:
+            abort_writer(self.async_queue)
+        if self.pruner is not None:
+            self.pruner.pool.shutdown(wait=False, cancel_futures=True)
+
     # -- load ------------------------------------------------------------------------------
 
     def load(self, iteration: int, model: list[Any], optimizer: Any, scheduler: Any) -> Resumed:
@@ -551,18 +563,7 @@ class Checkpointer:
         for key, chunk in _model_keys(model):
             chunk.module.load_state_dict(loaded[key], strict=True)
         optim_compat.load_optimizer_state(optimizer, loaded["optimizer"])
-        saved_schedule = loaded["opt_param_scheduler"]
-        changes = schedule_changes(saved_schedule, scheduler.state_dict())
-        if changes:
-            log.warning(
-                "RESUME: the learning-rate schedule changed since %s: %s; continuing with this "
-                "job's schedule from step %s",
-                path,
-                "; ".join(changes),
-                saved_schedule.get("num_steps"),
-            )
-        # override_opt_param_scheduler: only the step count comes from the checkpoint.
-        scheduler.load_state_dict(saved_schedule)
+        apply_schedule(loaded["opt_param_scheduler"], scheduler, optimizer, path)
         if same_rng_layout:
             restore_rng(loaded["rng_state"][0], self.platform)
         return Resumed(
@@ -594,6 +595,7 @@ class Checkpointer:
                 "a checkpoint from a different model cannot be resumed: restore the model "
                 "settings, or use a new checkpoint.dir"
             )
+        problems += precision_problems(common, self.cfg.training.precision, path)
         gbs = self.cfg.training.global_batch_size
         if saved["globalBatchSize"] != gbs:
             problems.append(
@@ -615,10 +617,66 @@ class Checkpointer:
         return dict(saved)
 
 
+# Precisions whose parameters (and so checkpointed weights and optimizer state) share a dtype:
+# fp8 keeps bf16 parameters and computes in fp8 inside TE's layers.
+_PARAM_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}
+
+
+def saved_precision(common: Mapping[str, Any]) -> str | None:
+    """training.precision of the run that saved `common` (ours records it; before that, and in
+    Megatron-LM's checkpoints, it follows from `args`), or None when unknown."""
+    trainer = common.get("trainer")
+    if isinstance(trainer, dict) and isinstance(trainer.get("precision"), str):
+        return str(trainer["precision"])
+    args = common.get("args")
+    if args is None:
+        return None
+    if getattr(args, "fp8", None):
+        return "fp8"
+    if getattr(args, "bf16", False):
+        return "bf16"
+    return "fp16" if getattr(args, "fp16", False) else "fp32"
+
+
+def precision_problems(common: Mapping[str, Any], precision: str, path: Any) -> list[str]:
+    """A resume cannot change the parameter dtype: the optimizer's main parameters and the
+    Float16Module wrapping differ (Megatron-Core raises deep in the load). fp8 ↔ bf16 is fine."""
+    saved = saved_precision(common)
+    if saved is None or _PARAM_DTYPE.get(saved) == _PARAM_DTYPE.get(precision):
+        return []
+    return [
+        f"training.precision: the checkpoint in {path} was trained in {saved}, this job has "
+        f"{precision}; a resume keeps the parameter dtype: set training.precision back to "
+        f"{saved}, or use a new checkpoint.dir"
+    ]
+
+
 _SCHEDULE_FIELDS = (
     "max_lr", "min_lr", "lr_warmup_steps", "lr_decay_steps", "lr_decay_style",
     "start_wd", "end_wd", "wd_incr_steps", "wd_incr_style",
 )  # fmt: skip
+
+
+def apply_schedule(saved: Mapping[str, Any], scheduler: Any, optimizer: Any, path: Any) -> None:
+    """Continue with this job's learning-rate schedule at the checkpoint's step.
+
+    Only the step count comes from the checkpoint (override_opt_param_scheduler). The loaded
+    optimizer's param groups carry the checkpoint's `max_lr`/`min_lr`, which Megatron-Core's
+    `get_lr` prefers to the scheduler's, so they are set to this job's first: without that a
+    changed `lr`/`minLr` would be logged but not applied."""
+    ours = scheduler.state_dict()
+    changes = schedule_changes(saved, ours)
+    if changes:
+        log.warning(
+            "RESUME: the learning-rate schedule changed since %s: %s; continuing with this "
+            "job's schedule from step %s",
+            path,
+            "; ".join(changes),
+            saved.get("num_steps"),
+        )
+    for group in optimizer.param_groups:
+        group["max_lr"], group["min_lr"] = scheduler.max_lr, scheduler.min_lr
+    scheduler.load_state_dict(saved)
 
 
 def schedule_changes(saved: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
@@ -628,16 +686,6 @@ def schedule_changes(saved: Mapping[str, Any], ours: Mapping[str, Any]) -> list[
         for key in _SCHEDULE_FIELDS
         if saved.get(key) != ours.get(key)
     ]
-
-
-def persistent_async_worker(is_cuda: bool) -> bool:
-    """The async-save caller: Megatron-LM 0.16.1 only allows async save with its persistent
-    worker (arguments.py disables --async-save without --use-persistent-ckpt-worker): the
-    fork-per-save caller can write pinned host buffers that were already freed. The persistent
-    worker is a spawned process that calls `torch.cuda.set_device(rank % device_count())`, which
-    divides by zero without a GPU, so the CPU platform (no pinned memory, nothing to free early)
-    keeps the fork-per-save caller."""
-    return is_cuda
 
 
 def _model_keys(model: list[Any]) -> list[tuple[str, Any]]:

@@ -169,7 +169,7 @@ def load_megatron_weights(
 
         from . import optim_compat
 
-        _check_full_load(common, content, prefix, chosen)
+        _check_full_load(common, content, prefix, chosen, _precision_of(first))
         metadata["dp_cp_group"] = parallel_state.get_data_parallel_group(with_context_parallel=True)
         if not first.is_cuda:
             # As checkpoint.py: the only fully_reshardable variant that runs on CPU (it gathers
@@ -208,9 +208,18 @@ def load_megatron_weights(
                 )  # fmt: skip
     iteration, consumed = _source_position(common)
     if load == "full":
+        from .checkpoint import apply_schedule
+
         optim_compat.load_optimizer_state(optimizer, loaded["optimizer"])
-        scheduler.load_state_dict(common["opt_param_scheduler"])
+        apply_schedule(common["opt_param_scheduler"], scheduler, optimizer, chosen)
     return InitPoint(chosen, iteration, consumed)
+
+
+def _precision_of(param: Any) -> str:
+    """This job's training.precision as far as the parameters show it (fp8 keeps bf16 ones)."""
+    import torch
+
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(param.dtype, "fp32")
 
 
 def source_layout(common: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -227,10 +236,16 @@ def source_layout(common: dict[str, Any]) -> tuple[int | None, int | None]:
 
 
 def _check_full_load(
-    common: dict[str, Any], content: dict[str, Any], prefix: str, path: str
+    common: dict[str, Any], content: dict[str, Any], prefix: str, path: str, precision: str
 ) -> None:
     """ConfigError unless the optimizer state at `path` can load into this job's layout."""
     from megatron.core import parallel_state
+
+    from .checkpoint import precision_problems
+
+    problems = precision_problems(common, precision, path)
+    if problems:
+        raise ConfigError(problems)
 
     if prefix:
         raise ConfigError(

@@ -175,6 +175,13 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".parallelism.sequenceParallel",
     ),
     rule(
+        f"!{SP} || {TP} == 1 || !{present('seqLength')} || {SEQ} % {CP} != 0 || "
+        f"({SEQ} / {CP}) % {TP} == 0",
+        "sequence parallelism needs model.seqLength / parallelism.context divisible by "
+        "parallelism.tensor",
+        ".parallelism.sequenceParallel",
+    ),
+    rule(
         f"!{IS_MOE} || {TP} == 1 || {SP}",
         "MoE models with tensor parallelism need sequenceParallel: true",
         ".parallelism.sequenceParallel",
@@ -255,11 +262,6 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         f"{GPU} || {CP} == 1",
         "context parallelism is CUDA-only: set context: 1 or resources.accelerator: nvidia.com/gpu",
         ".parallelism.context",
-    ),
-    rule(
-        f"{GPU} || {EP} == 1",
-        "expert parallelism is CUDA-only: set expert: 1 or resources.accelerator: nvidia.com/gpu",
-        ".parallelism.expert",
     ),
     rule(
         f"{GPU} || !has({T}.precision) || {T}.precision == 'fp32'",
