@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from megatron_operator.api.managedby import MULTIKUEUE, OPERATOR, Manager, manager_of
@@ -182,6 +183,20 @@ def test_manager_suspend_deletes_the_workload_then_says_suspended() -> None:
     assert out.status == WORKER_STATUS and sim.workload is None
     sim.step()
     assert sim.status["phase"] == "Suspended" and sim.workload is None
+
+
+def test_manager_deletes_the_job_ttl_seconds_after_the_mirrored_end() -> None:
+    sim = mk_job({"ttlSecondsAfterFinished": 60})
+    sim.step()
+    sim.dispatch()
+    sim.step()
+    ended = {**WORKER_STATUS, "phase": "Succeeded", "completionTime": "2026-11-22T12:00:00Z"}
+    sim.mirror(ended)
+    sim._set(cond("Finished", "True", "Succeeded", "the job Succeeded"))
+    out = sim.step()
+    assert not out.delete_job and 59 < out.requeue_after <= 61
+    sim.now += timedelta(seconds=61)
+    assert sim.step().delete_job
 
 
 def test_manager_without_a_queue_label_says_so_and_creates_nothing() -> None:

@@ -254,6 +254,9 @@ class Controller:
         self._write_status(job, out)
         if out.workload is not None:
             self.queues.act(namespace, out.workload, _now())
+        if out.delete_job:
+            log.info("%s/%s: ttlSecondsAfterFinished passed: deleting the job", namespace, name)
+            self.kube.delete_job(namespace, name)
         return out.requeue_after
 
     def _write_status(self, job: dict[str, Any], out: Outcome) -> None:

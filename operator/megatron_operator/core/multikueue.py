@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from megatron_operator.api import SpecError, load_job
@@ -32,7 +32,7 @@ from megatron_operator.core import kueue
 from megatron_operator.core.conditions import set_condition
 from megatron_operator.core.jobstatus import JobStatus
 from megatron_operator.core.kueue import WorkloadPhase
-from megatron_operator.core.observe import PodView, format_time
+from megatron_operator.core.observe import PodView, format_time, parse_time
 from megatron_operator.core.planner import plan
 from megatron_operator.core.queueing import Queueing, WorkloadActions
 from megatron_operator.core.reconcile import Event, Outcome, Settings, World
@@ -89,6 +89,7 @@ def reconcile_dispatched(world: World, settings: Settings | None = None) -> Outc
     if q is not None and q.workload is not None and dispatched(q.workload):
         actions = _follow(world, q.workload)
         out.workload = actions or None
+        _ttl(world, out)
         return out
     meta = world.job.get("metadata") or {}
     host = _Host(JobStatus.read(raw_status), world.now, meta.get("generation"))
@@ -154,3 +155,22 @@ def _follow(world: World, raw: Mapping[str, Any]) -> WorkloadActions:
         ):
             actions.conditions.append(cond)
     return actions
+
+
+def _ttl(world: World, out: Outcome) -> None:
+    """spec.ttlSecondsAfterFinished, from the mirrored completion: the worker's copy is gone by
+    then (MultiKueue removes it when the job ends), so the manager's job is the one to delete."""
+    spec = world.job.get("spec")
+    ttl = spec.get("ttlSecondsAfterFinished") if isinstance(spec, Mapping) else None
+    mirrored = JobStatus.read(world.job.get("status"))
+    done_at = parse_time(mirrored.completion_time)
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or done_at is None:
+        return
+    if mirrored.phase not in (Phase.SUCCEEDED, Phase.FAILED):
+        return
+    expiry = done_at + timedelta(seconds=ttl)
+    if world.now >= expiry:
+        out.delete_job = True
+    else:
+        wait = (expiry - world.now).total_seconds() + 0.05
+        out.requeue_after = min(out.requeue_after, wait)
