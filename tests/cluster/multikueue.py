@@ -19,13 +19,18 @@ DIR/workers/worker-<i>`. On the manager, `up` creates what MultiKueue needs, in 
   feature gate `MultiKueueAdaptersForCustomJobs` (beta and on by default since Kueue 0.15; set
   explicitly).
 
-Queues are left to the user: ClusterQueues on the manager name the admission check, and each
-worker has queues of the same names. Python standard library only.
+Before the MultiKueueClusters, the repository's CRDs (`crds/`: MegatronJob) are applied to the
+manager and every worker: MultiKueue watches the external kind on each worker and keeps a
+cluster inactive until it is served there. Queues are left to the user: ClusterQueues on the
+manager name the admission check, and each worker has queues of the same names. Python standard
+library only.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -39,6 +44,8 @@ CONFIG_NAME = "megatron"
 ADMISSION_CHECK = "megatron-multikueue"
 CONTROLLER = "kueue.x-k8s.io/multikueue"
 FEATURE_GATE = "MultiKueueAdaptersForCustomJobs"
+# The external framework's CRD (MegatronJob), installed on the manager and every worker.
+CRDS = Path(__file__).resolve().parents[2] / "crds"
 
 
 def worker_name(i: int) -> str:
@@ -138,6 +145,50 @@ def objects(workers: list[tuple[str, str]]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def apply_crds(
+    state: Path,
+    wait_for: Callable[..., None],
+    conditions: Callable[[dict[str, Any]], dict[str, str]],
+    api_from_state: Callable[[Path], Any],
+    timeout: float,
+) -> None:
+    """The repository's CRDs (crds/*.yaml: MegatronJob), applied server-side, established."""
+    info = json.loads((state / "cluster.json").read_text())
+    proc = subprocess.run(
+        [
+            info["kubectl"],
+            f"--kubeconfig={info['kubeconfig']}",
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            str(CRDS),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        die(f"applying {CRDS} to {state} failed:\n{proc.stderr.strip()}")
+    api = api_from_state(state)
+    names = [
+        m.group(1)
+        for f in sorted(CRDS.glob("*.yaml"))
+        if (m := re.search(r"^  name: (\S+)$", f.read_text(), re.M))
+    ]
+
+    def established() -> bool:
+        return all(
+            conditions(api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{n}")).get(
+                "Established"
+            )
+            == "True"
+            for n in names
+        )
+
+    wait_for(f"the CRDs of {CRDS} in {state}", established, timeout)
+
+
 def up(
     opts: Any,
     workers: int,
@@ -168,6 +219,10 @@ def up(
         log(f"starting the manager (no nodes, Kueue with MultiKueue) in {state}")
         cmd_up(manager_kueue(opts))
         started.append(state)
+        # MultiKueue watches the external kinds on every worker: a MultiKueueCluster stays
+        # inactive ("no matches for kind MegatronJob") until the worker serves the CRD.
+        for s in started:
+            apply_crds(s, wait_for, conditions, api_from_state, opts.timeout)
         api = api_from_state(state)
         kubeconfigs = [
             (name, Path(info["kubeconfig"]).read_text()) for name, _, info in worker_info
