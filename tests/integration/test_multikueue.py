@@ -216,8 +216,9 @@ def test_dispatch_mirror_and_delete(mk: MultiKueue) -> None:
     # Dispatched to worker-2, the only worker with GPU quota; worker-1 keeps nothing of it.
     copy = manager.wait(lambda: mj(w2, name), 180, 1, "the job copied to worker-2")
     assert "managedBy" not in copy["spec"], "MultiKueue removes managedBy on the worker"
-    labels = copy["metadata"]["labels"]
-    wl_name = labels["kueue.x-k8s.io/prebuilt-workload-name"]
+    # Kueue 0.19 names the Workload copy in an annotation (WorkloadIdentifierAnnotations).
+    wl_name = copy["metadata"]["annotations"]["kueue.x-k8s.io/prebuilt-workload-name"]
+    assert copy["metadata"]["labels"]["kueue.x-k8s.io/multikueue-origin"] == "multikueue"
     running = manager.wait(
         lambda: (
             [p for p in job_pods(w2, name) if p["status"].get("phase") == "Running"]

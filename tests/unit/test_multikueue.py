@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from megatron_operator.api.managedby import MULTIKUEUE, OPERATOR, Manager, manager_of
 from megatron_operator.core import kueue
 from megatron_operator.core.kueue import WorkloadPhase
@@ -270,18 +272,22 @@ class WorkerSim(QueueSim):
         return out
 
 
-def worker_job(workload: dict[str, Any] | None) -> WorkerSim:
+def worker_job(workload: dict[str, Any] | None, where: str = "annotations") -> WorkerSim:
+    """The job MultiKueue copies to the worker: the prebuilt Workload's name in an annotation
+    (Kueue 0.18+, WorkloadIdentifierAnnotations) or a label (before)."""
     sim = queued()
     name = copied_workload()["metadata"]["name"]
-    sim.job["metadata"]["uid"] = "uid-w"
-    sim.job["metadata"]["labels"][kueue.LABEL_PREBUILT_WORKLOAD] = name
-    sim.job["metadata"]["labels"][kueue.LABEL_MULTIKUEUE_ORIGIN] = "multikueue"
+    meta = sim.job["metadata"]
+    meta["uid"] = "uid-w"
+    meta.setdefault(where, {})[kueue.PREBUILT_WORKLOAD] = name
+    meta["labels"][kueue.LABEL_MULTIKUEUE_ORIGIN] = "multikueue"
     return WorkerSim(job=sim.job, workload=workload)
 
 
-def test_worker_takes_over_the_prebuilt_workload_and_runs() -> None:
+@pytest.mark.parametrize("where", ["annotations", "labels"])
+def test_worker_takes_over_the_prebuilt_workload_and_runs(where: str) -> None:
     wl = copied_workload()
-    sim = worker_job(wl)
+    sim = worker_job(wl, where)
     sim.step()
     assert sim.adopted == 1
     refs = (sim.workload or {})["metadata"]["ownerReferences"]

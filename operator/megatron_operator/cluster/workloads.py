@@ -84,7 +84,9 @@ class Queues:
             return None
         namespace, uid = str(meta["namespace"]), str(meta.get("uid") or "")
         # A job MultiKueue copied here runs under the Workload it made (a copy of the manager's).
-        prebuilt = str((meta.get("labels") or {}).get(kueue.LABEL_PREBUILT_WORKLOAD, "")).strip()
+        prebuilt = kueue.prebuilt_workload_of(
+            meta.get("annotations") or {}, meta.get("labels") or {}
+        )
         raw = self.get(namespace, prebuilt or kueue.workload_name(str(meta["name"]), uid))
         state = kueue.workload_state(raw) if raw is not None else None
         status = job.get("status") if isinstance(job.get("status"), dict) else {}

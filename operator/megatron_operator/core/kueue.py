@@ -46,8 +46,9 @@ LABEL_PRIORITY_CLASS: Final = f"{GROUP}/priority-class"
 # On the Workload: the owning job's uid (how Kueue's integrations find a job's Workloads).
 LABEL_JOB_UID: Final = f"{GROUP}/job-uid"
 # On a job that MultiKueue copied to a worker cluster: the Workload it already made for it there
-# (a copy of the manager's), and which manager made it.
-LABEL_PREBUILT_WORKLOAD: Final = f"{GROUP}/prebuilt-workload-name"
+# (a copy of the manager's; an annotation since Kueue 0.18's WorkloadIdentifierAnnotations, a
+# label before, the same key), and which manager made it.
+PREBUILT_WORKLOAD: Final = f"{GROUP}/prebuilt-workload-name"
 LABEL_MULTIKUEUE_ORIGIN: Final = f"{GROUP}/multikueue-origin"
 # On pods.
 LABEL_PODSET: Final = f"{GROUP}/podset"
@@ -147,10 +148,18 @@ def workload_name(job_name: str, uid: str) -> str:
     return f"{prefix}-{digest}"
 
 
+def prebuilt_workload_of(annotations: Mapping[str, str], labels: Mapping[str, str]) -> str | None:
+    """The Workload MultiKueue made for a job it copied to this (worker) cluster, or None: the
+    annotation first, then the label (Kueue's jobframework PrebuiltWorkloadNameFor)."""
+    for where in (annotations, labels):
+        name = str(where.get(PREBUILT_WORKLOAD) or "").strip()
+        if name:
+            return name
+    return None
+
+
 def prebuilt_workload(job: MegatronJob) -> str | None:
-    """The Workload MultiKueue made for a job it copied to this (worker) cluster, or None."""
-    name = job.metadata.labels.get(LABEL_PREBUILT_WORKLOAD, "").strip()
-    return name or None
+    return prebuilt_workload_of(job.metadata.annotations, job.metadata.labels)
 
 
 def job_workload_name(job: MegatronJob) -> str:
