@@ -29,14 +29,17 @@ library only.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from common import die, log
+from common import CliError, die, log
 
 KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
 NAMESPACE = "kueue-system"
@@ -189,6 +192,29 @@ def apply_crds(
     wait_for(f"the CRDs of {CRDS} in {state}", established, timeout)
 
 
+def in_parallel(tasks: list[Callable[[], None]]) -> list[bool]:
+    """Run each task in a forked child; return which failed. A child's error is printed by the
+    child, as `cluster` prints its own."""
+    pids = []
+    for task in tasks:
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 0
+            try:
+                task()
+            except CliError as e:
+                print(f"cluster up: error: {e}", file=sys.stderr, flush=True)
+                code = 1
+            except BaseException as e:  # never return into the parent's code
+                print(f"cluster up: error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                code = 1
+            finally:
+                sys.stdout.flush()
+                os._exit(code)
+        pids.append(pid)
+    return [os.waitpid(pid, 0)[1] != 0 for pid in pids]
+
+
 def up(
     opts: Any,
     workers: int,
@@ -208,17 +234,27 @@ def up(
     started: list[Path] = []
     try:
         worker_info = []
-        for i in range(1, workers + 1):
-            wstate = state / "workers" / worker_name(i)
-            log(f"starting {worker_name(i)} ({opts.nodes} nodes, Kueue) in {wstate}")
-            # A failed `up` stops what it started itself (and never a cluster already running).
-            cmd_up(replace(opts, state=wstate, kueue=True, jobset=False, announce=False))
-            started.append(wstate)
+        wstates = [state / "workers" / worker_name(i) for i in range(1, workers + 1)]
+        log(
+            f"starting {workers} workers ({opts.nodes} nodes and Kueue each) under "
+            f"{state}/workers, and the manager (no nodes, Kueue with MultiKueue) in {state}"
+        )
+        # In parallel, one process each: a control plane's start is mostly waiting. A failed
+        # `up` stops what it started itself (and never a cluster already running).
+        tasks: list[Callable[[], None]] = [
+            lambda w=w: cmd_up(replace(opts, state=w, kueue=True, jobset=False, announce=False))
+            for w in wstates
+        ]
+        failed = in_parallel([*tasks, lambda: cmd_up(manager_kueue(opts))])
+        everyone = [*wstates, state]
+        # The workers first: stopping the manager's state stops its workers too.
+        started += [w for w, bad in zip(everyone, failed, strict=True) if not bad]
+        if any(failed):
+            names = ", ".join(w.name for w, bad in zip(everyone, failed, strict=True) if bad)
+            die(f"{names} did not start (see the messages above)")
+        for i, wstate in enumerate(wstates, start=1):
             info = json.loads((wstate / "cluster.json").read_text())
             worker_info.append((worker_name(i), wstate, info))
-        log(f"starting the manager (no nodes, Kueue with MultiKueue) in {state}")
-        cmd_up(manager_kueue(opts))
-        started.append(state)
         # MultiKueue watches the external kinds on every worker: a MultiKueueCluster stays
         # inactive ("no matches for kind MegatronJob") until the worker serves the CRD.
         for s in started:
@@ -267,8 +303,23 @@ def up(
 
 
 def teardown(state: Path, stop_everything: Callable[[Path], list[str]]) -> list[str]:
-    """Stop every worker under a manager's state directory (their names prefixed)."""
-    stopped = []
-    for wstate in reversed(worker_states(state)):
-        stopped += [f"{wstate.name}/{name}" for name in stop_everything(wstate)]
-    return stopped
+    """Stop every worker under a manager's state directory, in parallel (an apiserver takes
+    seconds to shut down); their names prefixed."""
+    wstates = worker_states(state)
+    results: dict[Path, list[str]] = {}
+    errors: list[BaseException] = []
+
+    def stop(w: Path) -> None:
+        try:
+            results[w] = stop_everything(w)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=stop, args=(w,)) for w in wstates]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [f"{w.name}/{name}" for w in wstates for name in results.get(w, [])]
