@@ -298,8 +298,11 @@ def running_at(items: list[dict[str, Any]]) -> float:
     """When the last pod became Ready (its Ready condition's lastTransitionTime)."""
     times = []
     for p in items:
-        ready = next(c for c in p["status"].get("conditions") or [] if c["type"] == "Ready")
-        times.append(_ts(ready["lastTransitionTime"]))
+        conds = p["status"].get("conditions") or []
+        ready = [c for c in conds if c.get("type") == "Ready" and c.get("status") == "True"]
+        if not ready:
+            raise RuntimeError(f"pod {p['metadata']['name']} is Running but not Ready")
+        times.append(_ts(ready[0]["lastTransitionTime"]))
     return max(times)
 
 
