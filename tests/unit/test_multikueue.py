@@ -323,6 +323,15 @@ def test_worker_never_takes_a_workload_another_object_controls() -> None:
     assert any("controlled by Job other" in m for _, m in sim.events)
 
 
+def test_worker_never_takes_a_workload_of_another_manager() -> None:
+    wl = copied_workload()
+    wl["metadata"]["labels"][kueue.LABEL_MULTIKUEUE_ORIGIN] = "another-manager"
+    sim = worker_job(wl)
+    out = sim.step()
+    assert sim.pods == {} and out.workload is not None and out.workload.adopt is None
+    assert any("MultiKueue manager 'another-manager'" in m for _, m in sim.events)
+
+
 def test_worker_finishes_an_out_of_sync_workload_instead_of_running() -> None:
     wl = copied_workload()
     wl["spec"]["podSets"][0]["count"] = 4

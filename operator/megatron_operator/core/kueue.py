@@ -170,7 +170,8 @@ def job_workload_name(job: MegatronJob) -> str:
 def adoption_patch(raw: Mapping[str, Any], job: MegatronJob) -> Obj | None:
     """The merge patch that makes a prebuilt Workload the job's (a controller ownerReference
     and the job-uid labels, as Kueue's jobframework does for its own jobs); None when it is
-    already. A Workload another object controls is never taken: KueueError names it."""
+    already. A Workload another object controls, or one another MultiKueue manager made (its
+    origin label is not the job's), is never taken: KueueError names it."""
     meta = raw.get("metadata") or {}
     refs = [dict(r) for r in meta.get("ownerReferences") or []]
     uid = job.metadata.uid or ""
@@ -181,6 +182,12 @@ def adoption_patch(raw: Mapping[str, Any], job: MegatronJob) -> Obj | None:
         raise KueueError(
             f"Workload {meta.get('name')} is controlled by {controller.get('kind')} "
             f"{controller.get('name')} (uid {controller.get('uid')}), not by this job"
+        )
+    origin = (meta.get("labels") or {}).get(LABEL_MULTIKUEUE_ORIGIN)
+    if origin is not None and job.metadata.labels.get(LABEL_MULTIKUEUE_ORIGIN) != origin:
+        raise KueueError(
+            f"Workload {meta.get('name')} was made by MultiKueue manager {origin!r}, but the job "
+            f"carries {LABEL_MULTIKUEUE_ORIGIN}={job.metadata.labels.get(LABEL_MULTIKUEUE_ORIGIN)!r}"
         )
     version = meta.get("resourceVersion")
     if not version:
