@@ -11,7 +11,13 @@ from typing import Any
 from .errors import FieldError
 from .spec import MegatronJobSpec
 
-NEVER = ("model", "training.globalBatchSize", "checkpoint.volume", "checkpoint.path")
+NEVER = (
+    "model",
+    "training.globalBatchSize",
+    "checkpoint.volume",
+    "checkpoint.path",
+    "checkpoint.url",
+)
 # Set at creation: which controller runs the job (a job cannot move between controllers).
 SET_AT_CREATION = ("managedBy",)
 WHILE_SUSPENDED = (
@@ -24,6 +30,7 @@ WHILE_SUSPENDED = (
     "env",
     "priorityClassName",
     "checkpoint.shardingType",
+    "checkpoint.msc",
     "training.microBatchSize",
     "training.lr",
     "training.minLr",
