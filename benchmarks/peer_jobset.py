@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,7 +60,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import kubernetes
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +92,6 @@ class Cluster:
         self.kubectl_path = info["kubectl"]
         self.kubeconfig = info["kubeconfig"]
         self.env = {**os.environ, "KUBECONFIG": self.kubeconfig}
-        self.api = kubernetes.config.new_client_from_config(config_file=self.kubeconfig)  # type: ignore[no-untyped-call]
         self.ctx = ssl.create_default_context(cafile=str(state / "pki" / "ca.crt"))
         self.ctx.load_cert_chain(str(state / "pki" / "admin.crt"), str(state / "pki" / "admin.key"))
 
@@ -113,20 +112,20 @@ class Cluster:
     def apply(self, obj: dict[str, Any]) -> None:
         self.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(obj))
 
+    def get(self, path: str, query: dict[str, str], accept: str = "application/json") -> Any:
+        url = f"{self.info['server']}{path}?{urllib.parse.urlencode(query)}"
+        req = urllib.request.Request(url, headers={"Accept": accept})
+        with urllib.request.urlopen(req, context=self.ctx, timeout=120) as r:
+            return json.loads(r.read())
+
     def pods_meta(self, ns: str, labels: str, fields: str = "") -> list[dict[str, Any]]:
-        query = [("labelSelector", labels)] + ([("fieldSelector", fields)] if fields else [])
-        method, url, headers, body, _ = self.api.param_serialize(
-            "GET",
-            f"/api/v1/namespaces/{ns}/pods",
-            query_params=query,
-            header_params={
-                "Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
-            },
-            auth_settings=["BearerToken"],
+        """Pods' metadata only (a PartialObjectMetadataList), as the garbage collector reads
+        them, filtered on the server."""
+        query = {"labelSelector": labels, **({"fieldSelector": fields} if fields else {})}
+        accept = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+        items: list[dict[str, Any]] = (
+            self.get(f"/api/v1/namespaces/{ns}/pods", query, accept).get("items") or []
         )
-        resp = self.api.call_api(method, url, headers, body, _request_timeout=120)
-        resp.read()
-        items: list[dict[str, Any]] = json.loads(resp.data).get("items") or []
         return items
 
     def pods_full(self, ns: str, labels: str) -> list[dict[str, Any]]:
