@@ -3,11 +3,13 @@
 `cluster build --jobset` and `cluster up --jobset` call `ensure_build()`; `up --jobset` then calls
 `start()`. JobSet is the peer `benchmarks/peer_jobset.py` measures the operator against; nothing
 else needs it, so its build (a module graph of its own, Kubernetes 0.36 libraries) lives in a
-cache directory of its own, `<control-plane key>_jobset-<digest>`, and the kwok-only tests and CI
-never pay for it.
-
-Like Kueue it is built from a tool module (`jobset/go.mod`), not with `go install
-sigs.k8s.io/jobset@V`: the module proxy here refuses version lists, which `go install` asks for.
+cache directory of its own, `<control-plane key>_jobset-<version>-<digest>`, and the kwok-only
+tests and CI never pay for it. That is also why it is not one of gobuild.TOOLS (which every
+`cluster build` builds, and whose pins make the control plane's cache key): its pin,
+JOBSET_VERSION, is left out of that key (gobuild.ON_DEMAND_PINS), so a JobSet bump rebuilds only
+JobSet. It is built with gobuild's helpers, from a tool module of its own (`jobset/go.mod`,
+a `tool` directive as `tools/` has), not with `go install sigs.k8s.io/jobset@V`: the module proxy
+here refuses version lists, which `go install` asks for.
 
 JobSet runs as it is deployed, webhooks included: the JobSet defaulting and validating webhooks and
 the pod webhooks (exclusive placement), served from 127.0.0.1 with the cluster's serving
@@ -28,12 +30,12 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common import die, log
+from gobuild import cache_root, file_lock, module_info, read_versions, run_go
 
 HERE = Path(__file__).resolve().parent
 JOBSET_DIR = HERE / "jobset"
@@ -52,11 +54,7 @@ def version(versions: dict[str, str]) -> str:
     return v
 
 
-def sync_mod(
-    versions: dict[str, str],
-    run_go: Callable[..., str],
-    module_info: Callable[[str, str], dict[str, Any]],
-) -> None:
+def sync_mod(versions: dict[str, str]) -> None:
     """Keep jobset/go.mod (a tool module building sigs.k8s.io/jobset) on JOBSET_VERSION; its
     go.sum starts from JobSet's own. Does nothing when it already requires the pinned version."""
     gomod = JOBSET_DIR / "go.mod"
@@ -110,19 +108,14 @@ def build_of(control_plane_root: Path, versions: dict[str, str]) -> JobSetBuild:
     return JobSetBuild(control_plane_root.with_name(name))
 
 
-def ensure_build(
-    control_plane_root: Path,
-    versions: dict[str, str],
-    run_go: Callable[..., str],
-    module_info: Callable[[str, str], dict[str, Any]],
-    lock: Callable[[], AbstractContextManager[None]],
-) -> JobSetBuild:
+def ensure_build(control_plane_root: Path) -> JobSetBuild:
     """Build (or reuse) the JobSet controller and copy its CRD from the module zip."""
-    sync_mod(versions, run_go, module_info)
+    versions = read_versions()
+    sync_mod(versions)
     built = build_of(control_plane_root, versions)
     if built.complete():
         return built
-    with lock():
+    with file_lock(cache_root() / ".build.lock"):
         if built.complete():
             return built
         started = time.monotonic()

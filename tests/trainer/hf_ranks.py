@@ -19,6 +19,7 @@ Top-level imports are light: the tests import `sample_tokens` and `run_ranks` fr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -96,6 +97,9 @@ def run_ranks(
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             codes.append(proc.wait())
+    for proc in procs:  # helpers a rank left in its group (one that crashed before its atexit)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     output = "".join(f"--- {p.name}\n{p.read_text()}" for p in logs)
     assert codes == [0] * world, f"exit codes {codes}\n{output[-6000:]}"
     return output
