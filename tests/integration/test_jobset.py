@@ -22,6 +22,9 @@ NS = "peer"
 LABEL = "jobset.sigs.k8s.io/jobset-name"
 ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 
+# One xdist worker for the module: its JobSet cluster (a module fixture) is started once.
+pytestmark = pytest.mark.xdist_group("jobset")
+
 
 @pytest.fixture(scope="module")
 def jobset_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:

@@ -32,7 +32,8 @@ from megatron_contract.paths import PROGRESS_ANNOTATION
 from .conftest import Cluster, run_driver
 from .operator_support import Op, install_crd, tiny_gpu_job
 
-pytestmark = pytest.mark.slow
+# One xdist worker for the module: its three control planes (a module fixture) are set up once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multikueue")]
 
 MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 NS = "mk-team"
