@@ -21,7 +21,6 @@ from .conftest import Cluster
 from .operator_support import (
     Op,
     events,
-    install_crd,
     operator,  # noqa: F401 - fixture
     pods,
     status,
@@ -152,11 +151,11 @@ def test_a_non_retryable_exit_code_a_rank_reports_fails_the_job_at_once(
 
 
 def test_an_operator_killed_mid_in_place_restart_makes_no_duplicate(
-    cluster: Cluster, namespace: str, tmp_path_factory: Any
+    cluster: Cluster, namespace: str, operator: Op
 ) -> None:
-    install_crd(cluster)
-    op = Op(cluster, tmp_path_factory.mktemp("ladder-crash"))
-    op.start()
+    # The module's one operator is the one killed: a second one watching the same cluster would
+    # go on reconciling the job while the first is down, and the test would show nothing.
+    op = operator
     ns = namespace
     try:
         # A long backoff holds the restart between its decision and its release.
@@ -185,7 +184,8 @@ def test_an_operator_killed_mid_in_place_restart_makes_no_duplicate(
         assert len(restarting) == 1 and restarting[0].get("count", 1) == 1, restarting
         assert "Traceback" not in op.logs()
     finally:
-        op.stop()
+        if op.proc is None or op.proc.poll() is not None:
+            op.start()  # the module's later tests need it
         cluster.kubectl("delete", "mj", "-n", ns, "held", "--wait=false", check=False)
 
 
