@@ -39,7 +39,7 @@ from .template import (
     Container,
     container_field_why,
 )
-from .transitions import NEVER, WHILE_SUSPENDED
+from .transitions import NEVER, SET_AT_CREATION, WHILE_SUSPENDED
 
 S = "self"
 M = "self.model"
@@ -724,6 +724,10 @@ TRANSITION_RULES: Final[list[dict[str, str]]] = [
         " && ".join(_same(p) for p in NEVER),
         "spec.model, training.globalBatchSize, checkpoint.volume, checkpoint.path and "
         "checkpoint.url are immutable: checkpoints and the data order depend on them",
+    ),
+    rule(
+        " && ".join(_same(p) for p in SET_AT_CREATION),
+        "spec.managedBy is immutable: it names the controller that runs the job",
     ),
     rule(
         f"(oldSelf.suspend && self.suspend) || ({_WHILE_SUSPENDED})",

@@ -33,6 +33,7 @@ from megatron_contract.bounds import (
 )
 from megatron_contract.recipes import RECIPE_NAMES
 
+from . import managedby
 from .base import (
     ApiModel,
     AutoOrPositiveInt,
@@ -83,7 +84,10 @@ FailureReason = Literal[
     "Hang",
     "KueueEviction",
     "StartupTimeout",
+    "LauncherLost",
+    "RestartTimeout",
 ]
+RestartStrategy = Literal["InPlace", "Recreate"]
 
 
 class MoeSpec(ApiModel):
@@ -658,8 +662,15 @@ class FailureRule(ApiModel):
 
 
 class RestartPolicySpec(ApiModel):
-    """Gang restarts: any rank failing restarts every pod as the next attempt."""
+    """Restarts: any rank failing restarts every rank as the next attempt, on the lowest rung
+    that can (in place, replacing a lost pod, or recreating every pod; docs/runbook.md)."""
 
+    strategy: RestartStrategy = Field(
+        "InPlace",
+        description="InPlace: a failed rank restarts every rank inside the running pods, a lost "
+        "pod is replaced alone, and every pod is recreated only when that fails. Recreate: "
+        "every failure recreates every pod.",
+    )
     max_restarts: NonNegativeInt = Field(
         3, le=MAX_RESTARTS, description="Counted restarts before the job fails."
     )
@@ -686,6 +697,13 @@ class RestartPolicySpec(ApiModel):
         le=MAX_KEPT_ATTEMPTS,
         description="Keep the failed pod of this many latest failed attempts (Failed, holding "
         "nothing, with its logs for kubectl logs); 0 deletes every pod of a failed attempt.",
+    )
+    in_place_timeout_seconds: int = Field(
+        900,
+        ge=1,
+        le=MAX_DURATION_SECONDS,
+        description="An in-place restart or pod replacement whose ranks report no training step "
+        "within this long (after the backoff) recreates every pod (reason RestartTimeout)." + _DAYS,
     )
     rules: list[FailureRule] = Field(
         default_factory=list,
@@ -782,6 +800,16 @@ class MegatronJobSpec(ApiModel):
         "volumes, init containers and sidecars, image pull secrets, scheduling, DNS, security "
         "context, and extra env, envFrom, volume mounts and resources for the container named "
         "trainer. Lists merge by name; what the operator owns is refused.",
+    )
+
+    managed_by: str | None = Field(
+        None,
+        max_length=managedby.MAX_LENGTH,
+        pattern=managedby.PATTERN,
+        description=f"The controller that runs the job. Unset or {managedby.OPERATOR}: this "
+        f"operator. {managedby.MULTIKUEUE}: Kueue's MultiKueue runs it on a worker cluster and "
+        "mirrors its status here, where the operator creates only its Kueue Workload. Any other "
+        "value: another controller, and this operator leaves the job alone. Immutable.",
     )
 
     @model_validator(mode="after")

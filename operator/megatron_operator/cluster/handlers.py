@@ -23,6 +23,7 @@ from typing import Any
 import kopf
 
 from megatron_operator.api.job import GROUP, PLURAL, VERSION
+from megatron_operator.api.managedby import Manager, manager_of
 from megatron_operator.cluster.controller import Controller, NodeLookup
 from megatron_operator.cluster.health import Health
 from megatron_operator.cluster.leader import LeaderElector
@@ -226,12 +227,15 @@ async def job_changed(
     name: str,
     uid: str | None,
     meta: kopf.Meta,
+    spec: kopf.Spec,
     status: kopf.Status,
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
     # Wake only for a new spec (generation) or a deletion: our own status writes and kopf's
     # finalizer patches also arrive here, and reacting to them would double every reconcile.
+    # A MultiKueue job is the exception: its status is the worker's, copied here by Kueue, and
+    # its Workload's PodsReady follows it.
     runtime = _runtime(memo)
     key = (namespace or "", name)
     generation = meta.get("generation")
@@ -242,7 +246,8 @@ async def job_changed(
         runtime.wake(namespace, name)  # its loop sees the uid gone and ends
         await cleanup(runtime, namespace, name, uid, status)
         return
-    if runtime.generations.get(key) != generation:
+    mirrored = manager_of(spec.get("managedBy")) is Manager.MULTIKUEUE
+    if runtime.generations.get(key) != generation or mirrored:
         runtime.generations[key] = generation
         runtime.wake(namespace, name)
 

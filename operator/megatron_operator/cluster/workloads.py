@@ -83,7 +83,11 @@ class Queues:
         if not local_queue:
             return None
         namespace, uid = str(meta["namespace"]), str(meta.get("uid") or "")
-        raw = self.get(namespace, kueue.workload_name(str(meta["name"]), uid))
+        # A job MultiKueue copied here runs under the Workload it made (a copy of the manager's).
+        prebuilt = kueue.prebuilt_workload_of(
+            meta.get("annotations") or {}, meta.get("labels") or {}
+        )
+        raw = self.get(namespace, prebuilt or kueue.workload_name(str(meta["name"]), uid))
         state = kueue.workload_state(raw) if raw is not None else None
         status = job.get("status") if isinstance(job.get("status"), dict) else {}
         assert isinstance(status, dict)
@@ -163,6 +167,8 @@ class Queues:
             self.delete(namespace, actions.delete)
         if actions.create:
             self._create(actions.create)
+        if actions.adopt:
+            self._adopt(namespace, actions.workload or "", actions.adopt)
         if actions.reset:
             self.reset(namespace, actions.reset, now)
         for cond in actions.conditions:
@@ -198,6 +204,29 @@ class Queues:
             log.info("%s: created Workload %s", meta["namespace"], meta["name"])
         except ApiException as exc:
             if exc.status != 409:
+                raise
+
+    def _adopt(self, namespace: str, name: str, patch: Obj) -> None:
+        """Take over a prebuilt Workload (a merge patch carrying its resourceVersion: a
+        concurrent change makes it fail with 409, and the next reconcile looks again)."""
+        try:
+            call(
+                self.custom.patch_namespaced_custom_object,
+                kueue.GROUP,
+                kueue.VERSION,
+                namespace,
+                kueue.WORKLOAD_PLURAL,
+                name,
+                patch,
+                _content_type=MERGE_PATCH,
+            )
+            log.info("%s: took over Workload %s (made by MultiKueue)", namespace, name)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(
+                    f"{namespace}/{name}: the Workload changed while taken over"
+                ) from None
+            if exc.status != 404:
                 raise
 
     def _patch_status(self, namespace: str, name: str, body: Obj, **kwargs: Any) -> None:

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from megatron_contract.ladder import REPORT_ANNOTATION, Report, parse_report
 from megatron_contract.paths import PROGRESS_ANNOTATION, TERMINATION_MESSAGE_MAX
 from megatron_operator.core.names import (
+    ANNOTATION_RESTART_STRATEGY,
     CONTAINER_NAME,
     LABEL_JOB_UID,
     LABEL_NODE_RANK,
@@ -58,7 +60,11 @@ class Progress:
     time: datetime
 
     def to_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"iteration": self.iteration, "time": format_time(self.time)}
+        out: dict[str, Any] = {
+            "attempt": self.attempt,
+            "iteration": self.iteration,
+            "time": format_time(self.time),
+        }
         for key, value in (
             ("loss", self.loss),
             ("tokensPerSecond", self.tokens_per_second),
@@ -127,6 +133,7 @@ class PodView:
     waiting: tuple[str, str] | None = None
     scheduled_at: datetime | None = None  # when the scheduler bound it (PodScheduled True)
     unschedulable_since: datetime | None = None  # PodScheduled False, Unschedulable, since
+    strategy: str | None = None  # how its launcher handles a failed rank (None: an older pod)
 
     @property
     def active(self) -> bool:
@@ -138,6 +145,10 @@ class PodView:
         """Its rank's work is done: the pod Succeeded, or its trainer exited 0 beside a sidecar
         that still runs (the operator then stops the pod, as it stops every active one)."""
         return self.phase == "Succeeded" or (self.trainer_exited and self.exit_code == 0)
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _trainer_state(status: dict[str, Any]) -> tuple[int | None, str | None, str | None]:
@@ -268,6 +279,7 @@ def pod_view(raw: dict[str, Any]) -> PodView:
         unschedulable_since=_condition_time(status, "PodScheduled", "False")
         if _unschedulable(status)
         else None,
+        strategy=_text((meta.get("annotations") or {}).get(ANNOTATION_RESTART_STRATEGY)),
     )
 
 
@@ -283,11 +295,13 @@ def controller_uid(meta: Any) -> str | None:
 
 @dataclass(frozen=True)
 class LeaseView:
-    """The job's progress Lease: rank 0's latest record and its heartbeat (spec.renewTime)."""
+    """The job's progress Lease: rank 0's latest record and its heartbeat (spec.renewTime), and
+    the launchers' report of the restart ladder (docs/contract.md §5)."""
 
     holder: str | None  # the pod that wrote last (spec.holderIdentity)
     renew_time: datetime | None
     progress: Progress | None
+    report: Report | None = None
 
     def for_attempt(self, attempt: int) -> LeaseView | None:
         """This view if its record belongs to `attempt`: a late write of an older attempt (a
@@ -316,6 +330,7 @@ def lease_view(raw: dict[str, Any] | None, job_uid: str | None = None) -> LeaseV
         holder=holder if isinstance(holder, str) else None,
         renew_time=parse_time(spec.get("renewTime")),
         progress=parse_progress(annotations.get(PROGRESS_ANNOTATION)),
+        report=parse_report(annotations.get(REPORT_ANNOTATION)),
     )
 
 

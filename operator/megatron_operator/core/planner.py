@@ -476,7 +476,7 @@ def auto_view(p: Plan) -> tuple[ModelConfig, ParallelDegrees, TrainingConfig, Me
 
 
 def suggestions(spec: MegatronJobSpec) -> list[Suggestion[Plan]]:
-    """Every valid layout of the spec that fits, best first (core/layouts.py explains the cost
+    """Every valid layout of the spec that fits, best first (core/cost.py explains the cost
     model). The spec's own degrees are ignored; its sequenceParallel and recompute are kept
     (recompute may be raised to fit). Raises SpecError for problems no layout can fix."""
     if spec.model is None or spec.training is None:

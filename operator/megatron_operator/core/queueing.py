@@ -52,12 +52,13 @@ class WorkloadActions:
 
     delete: str | None = None  # a stale Workload (podSets are immutable): replace it
     create: Obj | None = None
+    adopt: Obj | None = None  # a merge patch making a prebuilt Workload (MultiKueue's) the job's
     reset: str | None = None  # the eviction reset of this Workload, once no pod is live
     conditions: list[Obj] = field(default_factory=list)  # each applied alone (PodsReady, Finished)
     workload: str = ""  # the Workload the conditions go to
 
     def __bool__(self) -> bool:
-        return bool(self.delete or self.create or self.reset or self.conditions)
+        return bool(self.delete or self.create or self.adopt or self.reset or self.conditions)
 
 
 class Host(Protocol):
@@ -98,10 +99,12 @@ class Queueing:
         """True when the Workload is admitted: the pods may run. Otherwise the job is Queued,
         its pods are stopped, and the Workload is created, replaced or reset as needed."""
         st, state = self.st, self.state
-        name = kueue.workload_name(job.name, job.metadata.uid or "")
+        name = kueue.job_workload_name(job)
         st.workload = name
         st.local_queue = self.q.local_queue
         self.nodes = p.nodes
+        if not self._prebuilt_usable(job, p, name, pods):
+            return False
         if state is not None and state.phase is WorkloadPhase.ADMITTED:
             self._admitted(state, name)
             return True
@@ -115,12 +118,41 @@ class Queueing:
         elif state.phase is WorkloadPhase.EVICTED:
             if not live:
                 self.actions.reset = name  # hands the quota back; Kueue may then re-admit it
+        elif state.phase is WorkloadPhase.FINISHED and kueue.prebuilt_workload(job):
+            self._waiting(Reason.QUEUED, f"Workload {name} was Finished by Kueue: {state.message}")
         elif state.phase is WorkloadPhase.FINISHED:
             # Finished before the job ended (a job revived after a fixed spec): a new one.
             self.actions.delete = name
             self._waiting(Reason.QUEUED, f"Workload {name} was Finished: replacing it")
         else:
             self._pending(job, p, name, state)
+        return False
+
+    def _prebuilt_usable(self, job: MegatronJob, p: Plan, name: str, pods: list[PodView]) -> bool:
+        """A job MultiKueue copied to this worker cluster runs under the Workload MultiKueue made
+        for it (a copy of the manager's): take it over, unless another object controls it or
+        it does not match the job (then Finished/OutOfSync, and MultiKueue dispatches again).
+        True when there is nothing in the way (or no prebuilt Workload at all)."""
+        raw, state = self.q.workload, self.state
+        if not kueue.prebuilt_workload(job) or raw is None or state is None:
+            return True
+        if state.phase is WorkloadPhase.FINISHED:
+            return True
+        try:
+            self.actions.adopt = kueue.adoption_patch(raw, job)
+            self.actions.workload = name
+        except KueueError as exc:
+            self.host.delete(pods)
+            self._waiting(Reason.QUEUED, str(exc), EventType.WARNING)
+            return False
+        stale = kueue.prebuilt_outdated(raw, job, p)
+        if not stale:
+            return True
+        message = f"Workload {name} does not match the job ({', '.join(stale)})"
+        self.actions.conditions.append(kueue.out_of_sync_condition(raw, message, self.now))
+        self.actions.workload = name
+        self.host.delete(pods)
+        self._waiting(Reason.QUEUED, message, EventType.WARNING)
         return False
 
     def _enter_queue(self, job: MegatronJob, p: Plan, name: str, state: QueuedState | None) -> None:
@@ -143,7 +175,7 @@ class Queueing:
         st.restart_at = None
         # Pods of the next admission are a fresh attempt; an eviction is not a restart, so
         # neither restart count moves (maxRestarts is about failures, not preemption).
-        st.restart_attempt += 1
+        st.next_gang()
         if not was_admitted:
             return
         if state is not None and state.phase is WorkloadPhase.EVICTED:
@@ -170,6 +202,9 @@ class Queueing:
             self.host.event(EventType.NORMAL, Reason.ADMITTED, message)
 
     def _create(self, job: MegatronJob, p: Plan, name: str, live: bool) -> None:
+        if kueue.prebuilt_workload(job):  # MultiKueue makes it, before it copies the job here
+            self._waiting(Reason.QUEUED, f"waiting for Workload {name}, which MultiKueue makes")
+            return
         if self.q.problem:
             self._waiting(Reason.QUEUED, self.q.problem, EventType.WARNING)
             return
@@ -185,7 +220,8 @@ class Queueing:
     def _pending(self, job: MegatronJob, p: Plan, name: str, state: QueuedState) -> None:
         raw = self.q.workload
         assert raw is not None
-        if state.phase is WorkloadPhase.PENDING and not self.q.problem:
+        prebuilt = kueue.prebuilt_workload(job) is not None  # checked in _prebuilt_usable
+        if state.phase is WorkloadPhase.PENDING and not self.q.problem and not prebuilt:
             try:
                 desired = kueue.render_workload(job, p, self.q.priority)
             except KueueError:
@@ -247,9 +283,10 @@ class Queueing:
         return merged
 
     # --- after everything --------------------------------------------------------------------
-    def settle(self, pods: list[PodView]) -> WorkloadActions:
+    def settle(self, pods: list[PodView], current: list[PodView]) -> WorkloadActions:
         """The Workload conditions this reconcile changes: Finished once the job ended, else
-        PodsReady as Kueue's own job controller reports it."""
+        PodsReady as Kueue's own job controller reports it, over the gang's `current` pods (an
+        in-place restart keeps pods of older attempts)."""
         raw, state, st = self.q.workload, self.state, self.st
         if raw is None or state is None or state.phase is WorkloadPhase.FINISHED:
             return self.actions
@@ -262,7 +299,7 @@ class Queueing:
             return self.actions
         if self.actions or self.nodes is None or state.phase is WorkloadPhase.EVICTED:
             return self.actions  # a reset or a replacement first; PodsReady next time
-        cond = kueue.pods_ready_condition(raw, self._all_ready(pods), self.now)
+        cond = kueue.pods_ready_condition(raw, self._all_ready(current), self.now)
         previous = kueue.find_condition(raw, kueue.ConditionType.PODS_READY)
         if previous is None or (previous.get("status"), previous.get("reason")) != (
             cond["status"],
@@ -271,12 +308,10 @@ class Queueing:
             self.actions.conditions.append(cond)
         return self.actions
 
-    def _all_ready(self, pods: list[PodView]) -> bool:
-        """Every pod of the current attempt is Ready (or has finished successfully)."""
-        attempt = self.st.restart_attempt
-        ready = [
-            x
-            for x in pods
-            if x.attempt == attempt and not x.deleting and (x.ready or x.phase == "Succeeded")
-        ]
+    def _all_ready(self, current: list[PodView]) -> bool:
+        """Every pod of the gang is Ready (or has finished successfully), and no restart is in
+        progress: during one, in place or not, the ranks are down though the pods may run."""
+        if self.st.phase == Phase.RESTARTING:
+            return False
+        ready = [x for x in current if not x.deleting and (x.ready or x.phase == "Succeeded")]
         return self.nodes is not None and len(ready) == self.nodes

@@ -68,24 +68,43 @@ def check_ranks(injections: list[Injection], world_size: int) -> None:
 
 
 def rank_pids(roots: list[int]) -> dict[int, int]:
-    """Global rank → PID of the rank processes under these pod processes: the launcher's own
-    children (the built-in worker, or a trainer.command), each with its RANK."""
+    """Global rank → PID of the rank processes under these pod processes: the built-in worker
+    (not one waiting in standby), or a trainer.command (the launcher's own children)."""
     import psutil
 
     found: dict[int, int] = {}
     for root in roots:
         try:
-            children = psutil.Process(root).children(recursive=False)
+            children = psutil.Process(root).children(recursive=True)
         except psutil.NoSuchProcess:
             continue
         for child in children:
             try:
+                cmd = child.cmdline()
                 rank = child.environ().get("RANK")
+                parent = child.ppid()
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            if rank is not None and rank.isdigit():
+            worker = any("megatron_trainer.worker" in c for c in cmd)
+            if (
+                rank is not None
+                and rank.isdigit()
+                and (worker or parent == root)
+                and not _waiting_standby(child.pid, cmd)
+            ):
                 found.setdefault(int(rank), child.pid)
     return found
+
+
+def _waiting_standby(pid: int, cmd: list[str]) -> bool:
+    """A launcher's standby for the next attempt, not released yet: its stdin is still the
+    launcher's pipe (a released one reads /dev/null). It runs no rank."""
+    if "--standby" not in cmd:
+        return False
+    try:
+        return os.readlink(f"/proc/{pid}/fd/0").startswith("pipe:")
+    except OSError:
+        return False
 
 
 def fire(injection: Injection, roots: list[int]) -> bool:
