@@ -144,7 +144,9 @@ def test_one_failure_restarts_the_whole_gang(
     assert 'megatronjob_restarts_total{name="gang",namespace="' in metrics
     # Every reason's counter exists from the job's first sight (at 0 for the unused ones).
     assert (
-        'megatronjob_restarts_total{name="gang",namespace="' + ns + '",reason="Hang"} 0.0'
+        'megatronjob_restarts_total{name="gang",namespace="'
+        + ns
+        + '",reason="Hang",rung="InPlace"} 0.0'
         in metrics
     )
 

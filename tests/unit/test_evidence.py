@@ -25,7 +25,9 @@ def _sim(policy: dict[str, Any] | None = None, nodes: int = 4) -> Sim:
     changes = {
         "resources.nodes": nodes,
         "training.globalBatchSize": 8 * nodes * 4,
-        "restartPolicy": {**FAST, **(policy or {})},
+        # Recreate: the rung that replaces the failed attempt's pods, whose evidence is kept
+        # (an in-place restart keeps every pod, and its log, anyway).
+        "restartPolicy": {**FAST, "strategy": "Recreate", **(policy or {})},
     }
     doc = job_doc(spec_of(changes), name="job")
     doc["metadata"].update(uid="uid-1", generation=1)

@@ -42,7 +42,7 @@ INTENDED = {
     "llama3-70b": "TP8·PP2·VPP5·DP4 on 8 × 8 (64 ranks)",
     "llama3-8b": "TP2·DP4 on 1 × 8 (8 ranks)",
     # The operator's choice (parallelism.auto): the first of `mjob plan --suggest`.
-    "llama3-8b-auto": "PP2·VPP2·CP2·DP4 on 2 × 8 (16 ranks)",
+    "llama3-8b-auto": "CP2·DP8 on 2 × 8 (16 ranks)",
     "llama31-8b-from-hf": "TP2·DP4 on 1 × 8 (8 ranks)",
     "megatron-bridge-recipe": "TP2·DP4 on 1 × 8 (8 ranks)",
     "megatron-lm-pretrain-gpt": "TP2·DP8 on 2 × 8 (16 ranks), memory not estimated",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from megatron_operator.cluster.metrics import RESTART_REASONS, Metrics
+from megatron_operator.cluster.metrics import RESTART_REASONS, RESTART_SERIES, Metrics
 
 
 def series(m: Metrics, name: str) -> dict[str, float]:
@@ -22,16 +22,15 @@ def test_counters_start_at_zero_and_go_with_the_job() -> None:
     m = Metrics()
     m.observe_status("team", "a", {"phase": "Pending"}, {"restartPolicy": {}})
     restarts = series(m, "megatronjob_restarts_total")
-    assert len(restarts) == len(RESTART_REASONS) and set(restarts.values()) == {0.0}
-    assert '{name="a",namespace="team",reason="StartupTimeout"}' in restarts
-    m.restarts.labels("team", "a", "Error").inc()
-    assert (
-        series(m, "megatronjob_restarts_total")['{name="a",namespace="team",reason="Error"}'] == 1
-    )
+    # Every reason by every rung (InPlace, ReplacePod, Recreate).
+    assert len(restarts) == len(RESTART_SERIES) == 3 * len(RESTART_REASONS)
+    assert set(restarts.values()) == {0.0}
+    assert '{name="a",namespace="team",reason="StartupTimeout",rung="Recreate"}' in restarts
+    error = '{name="a",namespace="team",reason="Error",rung="InPlace"}'
+    m.restarts.labels("team", "a", "Error", "InPlace").inc()
+    assert series(m, "megatronjob_restarts_total")[error] == 1
     m.observe_status("team", "a", {"phase": "Pending"})  # seen again: nothing is reset
-    assert (
-        series(m, "megatronjob_restarts_total")['{name="a",namespace="team",reason="Error"}'] == 1
-    )
+    assert series(m, "megatronjob_restarts_total")[error] == 1
     m.forget("team", "a")
     text = generate_latest(m.registry).decode()
     assert 'name="a"' not in text  # every series of the deleted job, counters included

@@ -10,7 +10,8 @@ from .specs import job_doc, spec_of
 
 
 def test_the_story_of_a_restarted_job() -> None:
-    doc = job_doc(spec_of({"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0}}))
+    policy = {"backoffSeconds": 0, "maxBackoffSeconds": 0, "strategy": "Recreate"}
+    doc = job_doc(spec_of({"restartPolicy": policy}))
     doc["metadata"].update(uid="uid-1", generation=1, name="job")
     sim = Sim(job=doc)
     sim.settle()

@@ -9,12 +9,17 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from megatron_operator.api.spec import FailureReason
-from megatron_operator.api.status import PHASES
+from megatron_operator.api.status import PHASES, Rung
 from megatron_operator.core.observe import parse_time
 
 # Every reason a restart can have: each job's counter starts at 0 for each, so `increase()` sees
 # the very first restart (a series born at 1 has no earlier sample to increase from).
 RESTART_REASONS: tuple[str, ...] = typing.get_args(FailureReason)
+# Every (reason, rung) series of a job, created at 0 when the job is first seen: increase() over
+# a series that appears at 1 misses that first restart.
+RESTART_SERIES: tuple[tuple[str, str], ...] = tuple(
+    (reason, rung) for reason in RESTART_REASONS for rung in (r.value for r in Rung)
+)
 DEFAULT_HANG_TIMEOUT_SECONDS = 1800  # spec.restartPolicy.hangTimeoutSeconds's default
 
 
@@ -117,8 +122,8 @@ class Metrics:
     ) -> None:
         if (namespace, name) not in self._seen:
             self._seen.add((namespace, name))
-            for reason in RESTART_REASONS:
-                self.restarts.labels(namespace, name, reason)  # the series, at 0
+            for reason, rung in RESTART_SERIES:
+                self.restarts.labels(namespace, name, reason, rung)  # the series, at 0
         if isinstance(spec, dict):
             self.hang_timeout.labels(namespace, name).set(_hang_timeout(spec))
         running = (
@@ -178,8 +183,8 @@ class Metrics:
             self.hang_timeout,
         ):
             self._remove(gauge, namespace, name)
-        for reason in RESTART_REASONS:
-            self._remove(self.restarts, namespace, name, reason)
+        for reason, rung in RESTART_SERIES:
+            self._remove(self.restarts, namespace, name, reason, rung)
         self._checkpoints.pop((namespace, name), None)
         self._seen.discard((namespace, name))
 
