@@ -28,7 +28,14 @@ PODS = ["job-a0-0", "job-a0-1", "job-a0-2", "job-a0-3"]
 def _sim(policy: dict[str, Any] | None = None, nodes: int = 4) -> Sim:
     changes = {"resources.nodes": nodes, "training.globalBatchSize": 8 * nodes * 4}
     spec = spec_of(changes)
-    spec["restartPolicy"] = {"backoffSeconds": 1, "maxBackoffSeconds": 1, **(policy or {})}
+    # keepFailedPods 0: the rungs' pod deletes in full (the kept failed pod of a recreated gang
+    # is tests/unit/test_evidence.py's).
+    spec["restartPolicy"] = {
+        "backoffSeconds": 1,
+        "maxBackoffSeconds": 1,
+        "keepFailedPods": 0,
+        **(policy or {}),
+    }
     doc = job_doc(spec, name="job")
     doc["metadata"].update(uid="uid-1", generation=1)
     return Sim(job=doc)

@@ -665,8 +665,8 @@ class _Machine:
             Reason.ATTEMPT_FAILED,
             attempt_report(self.st.restart_attempt, failures),
         )
-        self.keep(job, failures, current)
         if decision.action == "Fail":
+            self.keep(job, failures, current)
             self.st.last_failure = record
             reason = Reason.MAX_RESTARTS_EXCEEDED if decision.counted else Reason.FAILURE_POLICY
             self.finish(Phase.FAILED, reason, decision.message)
@@ -686,6 +686,9 @@ class _Machine:
         self.st.uncounted_restart_times = recent or None
         lost = [x for x in current if x.name in {f.pod for f in failures if f.pod_lost}]
         if choice.rung == Rung.RECREATE:
+            # Evidence: the failed pod stays (Failed, holding nothing). On the lower rungs the
+            # healthy pods keep their logs, and a lost pod's replacement takes its place.
+            self.keep(job, failures, current)
             self.st.next_gang()
             doomed = current  # step 1: every pod of the gang, with its grace period
         else:
