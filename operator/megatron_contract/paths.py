@@ -25,6 +25,9 @@ ITER_DIR_RE: Final = re.compile(r"^iter_(\d{7})$")
 # the job's progress Lease (env PROGRESS_LEASE), whose spec.renewTime is the heartbeat.
 PROGRESS_ANNOTATION: Final = "megatron.dev/progress"
 PROGRESS_MIN_INTERVAL_SECONDS: Final = 10
+# The operator ignores a longer record: the contract's record is about 200 characters, and the
+# trainer's pod is not trusted to keep it small.
+PROGRESS_RECORD_MAX: Final = 4096
 
 
 def iter_dir_name(iteration: int) -> str:

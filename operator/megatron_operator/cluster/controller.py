@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from megatron_operator.cluster.errors import ApiError, ErrorKind, classify
+from megatron_operator.cluster.guard import BugGuard
 from megatron_operator.cluster.kube import ChildConflict, Conflict, Kube, Rejected
 from megatron_operator.cluster.metrics import Metrics
 from megatron_operator.cluster.watch import PodCache
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # Node name → when it became NotReady (None while Ready); absent: no such node.
 NodeLookup = Callable[[str], "tuple[bool, datetime | None]"]
+# The state machine (core.reconcile.reconcile); a test may hand in a double.
+Decide = Callable[[World, Settings], Outcome]
 
 
 # Consecutive transient failures (429, 5xx, no answer) before the job's owner is told.
@@ -75,8 +78,10 @@ class Controller:
         settings: Settings | None = None,
         backoff: Backoff = API_BACKOFF,
         queues: Queues | None = None,
+        decide: Decide = reconcile,
     ) -> None:
         self.kube = kube
+        self.decide = decide
         self.metrics = metrics
         self.settings = settings or Settings()
         self.backoff = backoff
@@ -89,6 +94,7 @@ class Controller:
         # Per job, our own recent calls the cache may not show yet. One job reconciles in one
         # thread at a time, so each job's table is only ever touched by one thread.
         self.expected: dict[tuple[str, str], Expectations] = {}
+        self.guard = BugGuard(metrics)  # exceptions of ours: backoff, metric, no pod touched
 
     def reconcile_job(
         self, namespace: str, name: str, nodes: NodeLookup | None = None, uid: str | None = None
@@ -100,6 +106,7 @@ class Controller:
         try:
             delay = self._reconcile(namespace, name, nodes, uid)
             self.failures.pop(key, None)
+            self.guard.succeeded(key)
             return delay
         except Conflict as exc:
             log.info("conflict, observing again: %s", exc)
@@ -107,10 +114,30 @@ class Controller:
         except Exception as exc:
             err = classify(exc)
             if err is None:
-                raise  # a bug of ours: the job loop logs it with its traceback
+                return self._bug(namespace, name, exc)
             return self._failed(namespace, name, err)
         finally:
             self.metrics.reconcile.observe(time.perf_counter() - started)
+
+    def _bug(self, namespace: str, name: str, exc: Exception) -> float:
+        """An exception of ours: back off and retry, loudly, and leave the job's pods alone
+        (cluster/guard.py). A new error is also posted on the job as one Warning event."""
+        delay, new = self.guard.failed((namespace, name), exc)
+        if new:
+            message = (
+                f"the operator failed to reconcile this job ({type(exc).__name__}: {exc}); "
+                f"its pods are left as they are, and it retries in {delay:.0f}s"
+            )
+            self.kube.pool.submit(self._warn, namespace, name, "ReconcileError", message)
+        return delay
+
+    def _warn(self, namespace: str, name: str, reason: str, message: str) -> None:
+        try:
+            job = self.kube.get_job(namespace, name)
+            if job is not None:
+                self.kube.event(job, "Warning", reason, message, _now())
+        except Exception as exc:  # an event is best effort
+            log.warning("%s/%s: could not post the %s event: %s", namespace, name, reason, exc)
 
     def _failed(self, namespace: str, name: str, err: ApiError) -> float:
         """Back off (exponential, jittered, capped); a refusal that will not pass by itself
@@ -147,7 +174,7 @@ class Controller:
             # write (an empty pod list would read as every pod gone).
             pods = [pod_view(p) for p in self.kube.list_pods(namespace, name)]
             world = self._world(job, pods, None, self.kube.accepted_spec(namespace, name))
-            out = reconcile(world, self.settings)
+            out = self.decide(world, self.settings)
             self._write_status(job, out)
         except Exception as exc:  # best effort: the next reconcile tries again
             log.warning("%s/%s: could not report the refusal: %s", namespace, name, exc)
@@ -202,6 +229,7 @@ class Controller:
             self.expected.pop((namespace, name), None)
             self.failures.pop((namespace, name), None)
             self.refusals.pop((namespace, name), None)
+            self.guard.forget((namespace, name))
             return math.inf
         if uid is not None and job["metadata"].get("uid") != uid:
             return math.inf  # deleted and re-created: the new job has its own loop
@@ -213,7 +241,7 @@ class Controller:
         # The accepted spec lives in the ConfigMap, which exists once an attempt was launched.
         accepted = self.kube.accepted_spec(namespace, name) if "launchedAttempt" in status else None
         world = self._world(job, pods, nodes, accepted)
-        out = reconcile(world, self.settings)
+        out = self.decide(world, self.settings)
         try:
             self._apply(job, out)
         except (Rejected, ChildConflict) as exc:
@@ -227,7 +255,7 @@ class Controller:
                 world = replace(world, job=fresh, rejection=str(exc))
             else:
                 world = replace(world, job=fresh, conflict=str(exc))
-            out = reconcile(world, self.settings)
+            out = self.decide(world, self.settings)
             self._apply(fresh, out)
         wrote = bool(out.create) or bool(out.delete_pods) or bool(out.force_delete)
         if wrote and self.refusals.pop((namespace, name), None) is not None:

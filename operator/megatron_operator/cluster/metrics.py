@@ -79,6 +79,13 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.reconcile_errors = Counter(
+            "megatron_operator_reconcile_errors_total",
+            "Reconciles that raised an operator error (a bug, not the apiserver's refusal), by "
+            "exception type: the job is retried with a backoff, its pods untouched",
+            ["exception"],
+            registry=r,
+        )
         # The checkpoint step each job's checkpoint_time belongs to (the gauge has no history).
         self._checkpoints: dict[tuple[str, str], int] = {}
 

@@ -10,9 +10,25 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta
 from typing import Any
 
 from megatron_operator.api.status import Phase
+
+
+class BadJobData(ValueError):
+    """The job's own data (its status, or a duration in its spec) cannot be processed: the only
+    error that may fail a job. Anything else the state machine raises is a bug of ours, which
+    the operator retries, loudly, without touching the job's pods."""
+
+
+def shift(when: datetime, seconds: float, what: str) -> datetime:
+    """`when` + `seconds`, or BadJobData naming `what` when the result is out of datetime's
+    range (a hand-written status.runningSince in year 9999, say)."""
+    try:
+        return when + timedelta(seconds=seconds)
+    except OverflowError:
+        raise BadJobData(f"{what} ({when.isoformat()}) plus {seconds:g}s is out of range") from None
 
 
 def _count(value: object, default: int = 0) -> int:

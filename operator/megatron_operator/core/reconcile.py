@@ -35,7 +35,7 @@ from megatron_operator.api.status import ConditionType, EventType, Phase, Reason
 from megatron_operator.api.transitions import check_update
 from megatron_operator.core.conditions import reason_of, set_condition
 from megatron_operator.core.failures import Nodes, classify, node_lost
-from megatron_operator.core.jobstatus import JobStatus
+from megatron_operator.core.jobstatus import BadJobData, JobStatus, shift
 from megatron_operator.core.names import pod_name
 from megatron_operator.core.observe import LeaseView, PodView, Progress, format_time, parse_time
 from megatron_operator.core.planner import Plan, plan
@@ -290,7 +290,7 @@ class _Machine:
         ttl = job.spec.ttl_seconds_after_finished
         done_at = parse_time(self.st.completion_time)
         if ttl is not None and done_at is not None:
-            expiry = done_at + timedelta(seconds=ttl)
+            expiry = shift(done_at, ttl, "status.completionTime")
             if self.now >= expiry:
                 self.out.delete_job = True
             else:
@@ -423,7 +423,7 @@ class _Machine:
         beat = self.heartbeat()
         if beat is not None:
             last = max(last, beat)
-        deadline = last + timedelta(seconds=timeout)
+        deadline = shift(last, timeout, "status.runningSince")
         if self.now < deadline:
             self.deadlines.append(deadline)
             return None
@@ -568,25 +568,29 @@ def summary(progress: Progress, train_iters: int) -> str:
 
 
 def reconcile(world: World, settings: Settings | None = None) -> Outcome:
-    """Decide the next status and actions for one job. Never raises on bad input: data that
-    still breaks the arithmetic (a progress time in year 9999, a hand-written status) fails
-    this job with a condition naming the error, rather than a traceback every few seconds."""
+    """Decide the next status and actions for one job. The job's own data that cannot be
+    processed (BadJobData: a hand-written status.runningSince in year 9999, say) fails this job
+    with a condition naming the error, rather than a traceback every few seconds.
+
+    Any other exception is a bug of ours and propagates: the shell retries it with a backoff and
+    a metric, and never fails the job or deletes its pods over it (a GPU job must not pay for
+    an operator bug)."""
     settings = settings or Settings()
     try:
         return _Machine(world, settings).run()
-    except (ArithmeticError, ValueError, TypeError, KeyError, AttributeError) as exc:
+    except BadJobData as exc:
         return _unprocessable(world, settings, exc)
 
 
-def _unprocessable(world: World, settings: Settings, exc: Exception) -> Outcome:
+def _unprocessable(world: World, settings: Settings, exc: BadJobData) -> Outcome:
     """The job fails (its pods are deleted: nothing may hold a GPU unwatched); the status
     keeps everything else, so a person can see what was wrong."""
     m = _Machine(replace(world, job={**world.job, "status": {}}), settings)
     m.st = JobStatus.read(world.job.get("status"))
     m.deadlines = []
     message = (
-        f"the operator cannot process this job's data ({type(exc).__name__}: {exc}); check "
-        "status.progress and the durations in the spec, then delete and re-create the job"
+        f"the operator cannot process this job's data ({exc}); check the status times and "
+        "the durations in the spec, then delete and re-create the job"
     )[:1000]
     if reason_of(m.st.conditions, C.FAILED) != Reason.BAD_JOB_DATA:
         m.finish(Phase.FAILED, Reason.BAD_JOB_DATA, message)
