@@ -19,6 +19,7 @@ from megatron_operator.cluster.errors import ApiError, ErrorKind, classify
 from megatron_operator.cluster.guard import BugGuard
 from megatron_operator.cluster.kube import ChildConflict, Conflict, Kube, Rejected
 from megatron_operator.cluster.metrics import Metrics
+from megatron_operator.cluster.ratelimit import ProgressLimiter
 from megatron_operator.cluster.watch import PodCache
 from megatron_operator.cluster.workloads import Queues
 from megatron_operator.core.backoff import Backoff
@@ -95,6 +96,7 @@ class Controller:
         # thread at a time, so each job's table is only ever touched by one thread.
         self.expected: dict[tuple[str, str], Expectations] = {}
         self.guard = BugGuard(metrics)  # exceptions of ours: backoff, metric, no pod touched
+        self.progress = ProgressLimiter()  # progress copies into the status, per job
 
     def reconcile_job(
         self, namespace: str, name: str, nodes: NodeLookup | None = None, uid: str | None = None
@@ -118,6 +120,15 @@ class Controller:
             return self._failed(namespace, name, err)
         finally:
             self.metrics.reconcile.observe(time.perf_counter() - started)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what is kept about a deleted job (its metrics series too)."""
+        key = (namespace, name)
+        self.metrics.forget(namespace, name)
+        for table in (self.expected, self.failures, self.refusals):
+            table.pop(key, None)
+        self.guard.forget(key)
+        self.progress.forget(key)
 
     def _bug(self, namespace: str, name: str, exc: Exception) -> float:
         """An exception of ours: back off and retry, loudly, and leave the job's pods alone
@@ -218,6 +229,7 @@ class Controller:
                 meta.get("uid"),
             ),
             queue=self.queues.observe(job) if self.queues is not None else None,
+            progress_not_before=self.progress.not_before((namespace, name)),
         )
 
     def _reconcile(
@@ -225,11 +237,7 @@ class Controller:
     ) -> float:
         job = self.kube.get_job(namespace, name)
         if job is None:
-            self.metrics.forget(namespace, name)
-            self.expected.pop((namespace, name), None)
-            self.failures.pop((namespace, name), None)
-            self.refusals.pop((namespace, name), None)
-            self.guard.forget((namespace, name))
+            self.forget(namespace, name)
             return math.inf
         if uid is not None and job["metadata"].get("uid") != uid:
             return math.inf  # deleted and re-created: the new job has its own loop
@@ -242,6 +250,8 @@ class Controller:
         accepted = self.kube.accepted_spec(namespace, name) if "launchedAttempt" in status else None
         world = self._world(job, pods, nodes, accepted)
         out = self.decide(world, self.settings)
+        if out.status.get("progress") not in (None, status.get("progress")):
+            self.progress.copied((namespace, name), world.now)
         try:
             self._apply(job, out)
         except (Rejected, ChildConflict) as exc:

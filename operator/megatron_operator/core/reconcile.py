@@ -25,6 +25,7 @@ The same machine drives `mjob run --local`, over process groups instead of pods.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -81,6 +82,9 @@ class World:
     # whose): nothing is created, and the job says so (core/ownership.py decides).
     conflict: str | None = None
     lease: LeaseView | None = None  # rank 0's progress Lease (None: not there yet)
+    # No progress copy into the status before this time (the shell's per-job rate limit: each
+    # copy is a full status write, and the trainer's pod decides how often the Lease changes).
+    progress_not_before: datetime | None = None
     # The job names a Kueue LocalQueue (and the operator runs with Kueue): its Workload.
     queue: QueueWorld | None = None
 
@@ -157,6 +161,9 @@ class _Machine:
         # Only the job's own pods: a foreign pod with our label is never counted or deleted.
         self.pods = [p for p in world.pods if self.mine(p)]
         self.queue = Queueing(world.queue, self, world.now) if world.queue is not None else None
+        # Finished, or suspended with every pod gone: nothing happens until the job changes, so
+        # no resync either (only its deadlines, e.g. the TTL). The shell ends the job's loop.
+        self.quiet = False
 
     # --- helpers
     def cond(self, type_: ConditionType, status: bool, reason: str, message: str = "") -> bool:
@@ -285,6 +292,7 @@ class _Machine:
         doomed = self.pods if phase == Phase.FAILED else [p for p in self.pods if p.active]
         self.delete(doomed)
         self.ttl(job)
+        self.quiet = True
 
     def ttl(self, job: MegatronJob) -> None:
         ttl = job.spec.ttl_seconds_after_finished
@@ -310,6 +318,8 @@ class _Machine:
                 EventType.NORMAL, Reason.SUSPENDED, "spec.suspend is true: stopping the pods"
             )
         self.cond(C.SUSPENDED, True, Reason.SUSPENDED, message)
+        queued = self.w.queue is not None and self.w.queue.workload is not None
+        self.quiet = not self.pods and not queued
 
     def resume(self) -> None:
         # A fresh attempt (not a restart): pods of the suspended attempt may still be stopping.
@@ -544,6 +554,10 @@ class _Machine:
         old_time = parse_time((self.st.progress or {}).get("time"))
         if old_time is not None and old_time >= prog.time:
             return
+        hold = self.w.progress_not_before
+        if hold is not None and self.now < hold:
+            self.deadlines.append(hold)  # copy the newest record then
+            return
         self.st.progress = prog.to_status()
         self.st.progress_summary = summary(prog, job.spec.training.train_iters)
 
@@ -552,10 +566,14 @@ class _Machine:
             self.out.workload = self.queue.settle(self.w.pods) or None
         self.out.status = self.st.to_raw()
         soonest = min(self.deadlines, default=None)
+        wait = math.inf
         if soonest is not None:
             wait = max((soonest - self.now).total_seconds(), 0.0) + 0.05
             self.out.requeue_after = min(self.out.requeue_after, wait)
-        if self.out.delete_pods or self.out.create:
+        busy = self.out.delete_pods or self.out.create or self.out.force_delete
+        if self.quiet and not busy:
+            self.out.requeue_after = wait if soonest is not None else math.inf
+        if busy:
             self.out.requeue_after = min(self.out.requeue_after, 5.0)
         return self.out
 
