@@ -67,6 +67,23 @@ def test_bad_set_syntax(capsys: pytest.CaptureFixture[str]) -> None:
     assert "path=value" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        # 60,000 levels: the YAML reader's depth cap does not see a --set path.
+        ("metadata." + "x." * 60_000 + "x=1", "the path is nested deeper than 64 levels"),
+        # A short path with a deep value: together deeper than the cap.
+        ("metadata." + "x." * 40 + "x=" + "[" * 30 + "]" * 30, "nested deeper than 64 levels"),
+    ],
+)
+def test_set_cannot_nest_past_the_depth_cap(
+    override: str, fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["validate", TINY, "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err
+
+
 def test_unknown_argument_exits_2() -> None:
     proc = _mjob("plan", TINY, "--frobnicate")
     assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr
