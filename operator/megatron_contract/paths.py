@@ -19,7 +19,7 @@ TERMINATION_MESSAGE_MAX: Final = 1024  # characters kept; the kubelet's own limi
 #   <dir>/latest_checkpointed_iteration.txt   (written only once a save is complete)
 #   <dir>/iter_0000100/...
 TRACKER_FILE: Final = "latest_checkpointed_iteration.txt"
-ITER_DIR_RE: Final = re.compile(r"^iter_(\d{7})$")
+ITER_DIR_RE: Final = re.compile(r"^iter_([0-9]{7})$")
 
 # Rank 0's progress report (docs/contract.md §4): the JSON record is kept in this annotation of
 # the job's progress Lease (env PROGRESS_LEASE), whose spec.renewTime is the heartbeat.

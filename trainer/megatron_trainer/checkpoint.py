@@ -73,7 +73,12 @@ def iteration_dir(root: str | Path, iteration: int) -> Path:
 
 def _iteration_of(path: Path) -> int | None:
     name = path.name
-    if not name.startswith("iter_") or not name[5:].isdigit():
+    digits = name[5:]
+    if (
+        not name.startswith("iter_")
+        or not (digits.isascii() and digits.isdigit())
+        or len(digits) > 18
+    ):
         return None
     return int(name[5:])
 

@@ -53,7 +53,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
         text = tracker.read_text().strip()
         if text == "release":
             chosen = root / "release"
-        elif text.isdigit():
+        elif text.isascii() and text.isdigit() and len(text) <= 18:
             chosen = iteration_dir(root, int(text))
         else:
             raise ConfigError([f"{FIELD}.path: {tracker} holds {text!r}, not an iteration"])

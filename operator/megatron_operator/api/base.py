@@ -59,7 +59,7 @@ def _check_quantity(value: object) -> str | int:
         raise ValueError("must be a Kubernetes quantity such as 8, '500m' or '80Gi'")
     if isinstance(value, int) and not 0 <= value <= MAX_QUANTITY_INT:
         raise ValueError(f"must be between 0 and {MAX_QUANTITY_INT}, got {value}")
-    if isinstance(value, str) and not _QUANTITY_RE.match(value):
+    if isinstance(value, str) and not _QUANTITY_RE.fullmatch(value):
         raise ValueError(
             f"{value[:40]!r} is not a Kubernetes quantity: use a non-negative form like "
             "'500m' or '80Gi' (at most 18 digits)"
@@ -136,9 +136,9 @@ _PARENT_RE = re.compile(PARENT_SEGMENT_PATTERN)
 
 def qualified_name_problem(value: str) -> str | None:
     """Why `value` is not a Kubernetes qualified name (a label or taint key), or None."""
-    if len(value) > QUALIFIED_NAME_MAX or not _QUALIFIED_PREFIX_RE.match(value):
+    if len(value) > QUALIFIED_NAME_MAX or not _QUALIFIED_PREFIX_RE.fullmatch(value):
         return "the prefix before '/' must be at most 253 characters and the name at most 63"
-    if not _QUALIFIED_RE.match(value):
+    if not _QUALIFIED_RE.fullmatch(value):
         return (
             "must be a label key: an optional DNS prefix and '/', then at most 63 letters, "
             "digits, '-', '_' or '.', starting and ending with a letter or digit "

@@ -386,7 +386,7 @@ def _set_path(root: dict[str, Any], parts: list[str], value: Any) -> str | None:
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
+            if not (part.isascii() and part.isdigit()) or len(part) > 9 or int(part) >= len(node):
                 return f"{'.'.join(parts[:i])} has no item {part}"
             if last:
                 node[int(part)] = value
@@ -454,7 +454,7 @@ def load_job(doc: dict[str, Any], source: str = "<input>") -> MegatronJob:
     metadata = doc.get("metadata")
     namespace = metadata.get("namespace") if isinstance(metadata, dict) else None
     if namespace is not None and not (
-        isinstance(namespace, str) and len(namespace) <= 63 and _NAMESPACE_RE.match(namespace)
+        isinstance(namespace, str) and len(namespace) <= 63 and _NAMESPACE_RE.fullmatch(namespace)
     ):
         errors.append(
             FieldError(

@@ -294,7 +294,7 @@ class DataSpec(ApiModel):
     tokenizer: TokenizerSpec | None = Field(None, description="Tokenizer; required with blend.")
     split: str = Field(
         "100,0,0",
-        pattern=r"^\d{1,9},\d{1,9},\d{1,9}$",
+        pattern=r"^[0-9]{1,9},[0-9]{1,9},[0-9]{1,9}$",
         max_length=64,
         description="Train,valid,test split weights.",
     )
