@@ -71,6 +71,8 @@ class JobStatus:
     restart_at: str | None = None
     workload: str | None = None
     uncounted_restart_times: list[str] | None = None  # restarts not counted, in the last hour
+    attempt_times: list[str] | None = None  # attempts started in the last hour (core/churn.py)
+    resume_times: list[str] | None = None  # resumes (spec.suspend back to false), last hour
     local_queue: str | None = None
     cluster_queue: str | None = None
     flavors: list[str] | None = None
@@ -106,6 +108,8 @@ class JobStatus:
             restart_at=_text(doc.get("restartAt")),
             workload=_text(doc.get("workload")),
             uncounted_restart_times=_texts(doc.get("uncountedRestartTimes")),
+            attempt_times=_texts(doc.get("attemptTimes")),
+            resume_times=_texts(doc.get("resumeTimes")),
             local_queue=_text(doc.get("localQueue")),
             cluster_queue=_text(doc.get("clusterQueue")),
             flavors=_texts(doc.get("flavors")),

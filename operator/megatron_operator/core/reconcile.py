@@ -34,6 +34,7 @@ from typing import Any
 from megatron_operator.api import FieldError, MegatronJob, MegatronJobSpec, SpecError, load_job
 from megatron_operator.api.status import ConditionType, EventType, Phase, Reason
 from megatron_operator.api.transitions import check_update
+from megatron_operator.core import churn
 from megatron_operator.core.conditions import reason_of, set_condition
 from megatron_operator.core.failures import Nodes, classify, node_lost
 from megatron_operator.core.jobstatus import BadJobData, JobStatus, shift
@@ -246,7 +247,7 @@ class _Machine:
                 self.queue.suspended(self.w.pods)
             return self.done()
         if self.st.phase == Phase.SUSPENDED:
-            self.resume()
+            self.resume(job)
         if self.queue is not None and not self.queue.gate(job, p, self.w.pods):
             return self.done()  # Queued: no pod runs until Kueue admits the Workload
         self.active(job, p)
@@ -321,8 +322,17 @@ class _Machine:
         queued = self.w.queue is not None and self.w.queue.workload is not None
         self.quiet = not self.pods and not queued
 
-    def resume(self) -> None:
+    def resume(self, job: MegatronJob) -> None:
         # A fresh attempt (not a restart): pods of the suspended attempt may still be stopping.
+        # It counts toward the operator's floor and, from the second of the hour, follows the
+        # job's backoff (core/churn.py): toggling spec.suspend must not churn gangs.
+        attempts = churn.recent(self.st.attempt_times, self.now)
+        resumes = churn.recent(self.st.resume_times, self.now)
+        wait = churn.resume_seconds(job.spec.restart_policy, len(attempts), len(resumes))
+        stamp = format_time(self.now)
+        self.st.attempt_times = churn.recent([*attempts, stamp], self.now)
+        self.st.resume_times = churn.recent([*resumes, stamp], self.now)
+        self.st.restart_at = format_time(self.now + timedelta(seconds=wait))
         self.st.restart_attempt += 1
         self.st.phase = Phase.PENDING
         self.cond(C.SUSPENDED, False, Reason.RESUMED, "spec.suspend is false")
@@ -349,6 +359,8 @@ class _Machine:
 
         if self.st.phase == Phase.RESTARTING and not self.restart_wait_over(job, stale):
             return
+        if self.st.phase == Phase.PENDING and self.resume_held():
+            return
         self.create_missing(job, p, n, current, stale)
         if self.w.conflict is not None:
             self.blocked(self.w.conflict)
@@ -358,12 +370,28 @@ class _Machine:
             return
         self.advance(p, n, current)
 
+    def resume_held(self) -> bool:
+        """A resumed job waits until status.restartAt (core/churn.py) before its new gang."""
+        start = parse_time(self.st.restart_at)
+        if start is None:
+            return False
+        if self.now < start:
+            self.deadlines.append(start)
+            return True
+        self.st.restart_at = None
+        return False
+
     def restart_wait_over(self, job: MegatronJob, stale: list[PodView]) -> bool:
         if stale:
             return False  # step 2: wait until every pod of the failed attempt is gone
         start = parse_time(self.st.restart_at)
         if start is None:
-            delay = backoff_seconds(job.spec.restart_policy, self.st.restarts - 1)
+            # The job's backoff, and the operator's floor over every attempt (core/churn.py).
+            before = len(churn.recent(self.st.attempt_times, self.now)) - 1
+            delay = max(
+                backoff_seconds(job.spec.restart_policy, self.st.restarts - 1),
+                churn.floor_seconds(before),
+            )
             start = self.now + timedelta(seconds=delay)
             self.st.restart_at = format_time(start)
         if self.now < start:
@@ -480,6 +508,8 @@ class _Machine:
         else:
             recent.append(format_time(self.now))
         self.st.uncounted_restart_times = recent or None
+        attempts = churn.recent(self.st.attempt_times, self.now)
+        self.st.attempt_times = churn.recent([*attempts, format_time(self.now)], self.now)
         self.st.restart_attempt += 1
         self.st.phase = Phase.RESTARTING
         self.st.restart_at = None
