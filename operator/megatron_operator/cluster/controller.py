@@ -302,7 +302,7 @@ class Controller:
         deletes = [n for n in out.delete_pods if out.delete_uids.get(n) not in expect.deleted]
         if deletes:
             log.info("%s/%s: deleting %d pods", namespace, name, len(deletes))
-            self.kube.delete_pods(namespace, deletes, out.delete_uids)
+            self.kube.delete_pods(namespace, deletes, out.delete_uids, job=name)
             expect.deleted_now(out.delete_uids.get(n) for n in deletes)
         if out.force_delete:  # already deleting, on a lost node: never held back
             log.warning(
@@ -312,7 +312,9 @@ class Controller:
                 len(out.force_delete),
                 ", ".join(out.force_delete[:5]),
             )
-            self.kube.delete_pods(namespace, out.force_delete, out.delete_uids, force=True)
+            self.kube.delete_pods(
+                namespace, out.force_delete, out.delete_uids, force=True, job=name
+            )
         pods = [p for p in out.create_pods if p["metadata"]["name"] not in expect.created]
         if pods:  # the other children go with them (get-or-create); not again for cached pods
             uid = meta.get("uid")

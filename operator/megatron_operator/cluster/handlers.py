@@ -233,6 +233,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     if runtime.pool is not None:
         runtime.pool.shutdown(wait=False, cancel_futures=True)
     runtime.controller.kube.pool.shutdown(wait=False, cancel_futures=True)
+    runtime.controller.kube.gang.shutdown()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

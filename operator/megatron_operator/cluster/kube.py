@@ -21,6 +21,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from megatron_operator.api.job import GROUP, PLURAL, VERSION
+from megatron_operator.cluster.gangcalls import FairPool, slow_start
 from megatron_operator.core.names import LABEL_JOB_NAME, MANAGED_BY, SPEC_KEY, config_map_name
 from megatron_operator.core.observe import controller_uid, format_time
 from megatron_operator.core.ownership import UPDATED_KINDS, conflict
@@ -86,7 +87,10 @@ class Kube:
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
         self.networking = kubernetes.client.NetworkingV1Api(api_client)
         self.coordination = kubernetes.client.CoordinationV1Api(api_client)
+        # Background calls (events). Pods go through `gang`: slow start per job, fair across
+        # jobs (cluster/gangcalls.py).
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
+        self.gang = FairPool(workers)
 
     @classmethod
     def connect(cls, workers: int = 32) -> Kube:
@@ -162,9 +166,14 @@ class Kube:
         return list(doc.get("items") or [])
 
     def create_pods(self, pods: list[Obj], job_uid: str | None = None) -> int:
-        """Create concurrently; a pod that already exists counts as done when it is the job's
-        own (ChildConflict otherwise). Returns how many this call created."""
-        return sum(self.pool.map(lambda p: self._create_pod(p, job_uid), pods))
+        """Create in slow-start batches, fairly with other jobs' calls; a pod that already
+        exists counts as done when it is the job's own (ChildConflict otherwise). Returns how
+        many this call created."""
+        if not pods:
+            return 0
+        meta = pods[0]["metadata"]
+        key = (str(meta["namespace"]), str((meta.get("labels") or {}).get(LABEL_JOB_NAME, "")))
+        return sum(slow_start(self.gang, key, lambda p: self._create_pod(p, job_uid), pods))
 
     def _create_pod(self, pod: Obj, job_uid: str | None) -> int:
         try:
@@ -184,12 +193,19 @@ class Kube:
         names: Iterable[str],
         uids: dict[str, str] | None = None,
         force: bool = False,
+        job: str = "",
     ) -> None:
         """Delete with each pod's own grace period (the trainer checkpoints on SIGTERM), and
         with its uid as a precondition, so only the very pod that was observed goes. `force`:
-        no grace period (a pod on a lost node, whose kubelet cannot confirm the delete)."""
+        no grace period (a pod on a lost node, whose kubelet cannot confirm the delete). In
+        slow-start batches, fairly with other jobs' calls (`job` names whose turn it is)."""
         uids = uids or {}
-        list(self.pool.map(lambda n: self._delete_pod(namespace, n, uids.get(n), force), names))
+        slow_start(
+            self.gang,
+            (namespace, job),
+            lambda n: self._delete_pod(namespace, n, uids.get(n), force),
+            list(names),
+        )
 
     def _delete_pod(self, namespace: str, name: str, uid: str | None, force: bool) -> None:
         self._delete(self.core.delete_namespaced_pod, namespace, name, uid, force)
