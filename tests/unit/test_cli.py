@@ -84,6 +84,19 @@ def test_set_cannot_nest_past_the_depth_cap(
     assert fragment in err and "Traceback" not in err
 
 
+def test_run_local_refuses_env_that_loads_code_on_this_host(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`mjob run --local` passes spec.env to processes on this machine: LD_PRELOAD or
+    PYTHONPATH from someone else's YAML would run their code here. Refused before anything
+    starts, naming the entry; --trust-env lets a user run their own file."""
+    env = "env=[{name: NCCL_DEBUG, value: INFO}, {name: LD_PRELOAD, value: /tmp/x.so}, {name: PYTHONPATH, value: /tmp}]"
+    assert main(["run", TINY, "--local", "--set", env]) == 2
+    err = capsys.readouterr().err
+    assert "spec.env[1].name: LD_PRELOAD" in err and "spec.env[2].name: PYTHONPATH" in err
+    assert "NCCL_DEBUG" not in err and "--trust-env" in err
+
+
 def test_unknown_argument_exits_2() -> None:
     proc = _mjob("plan", TINY, "--frobnicate")
     assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr

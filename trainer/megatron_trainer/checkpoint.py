@@ -88,10 +88,10 @@ def incomplete_reason(path: Path) -> str | None:
     for name in ("metadata.json", ".metadata", "common.pt"):
         if not (path / name).is_file():
             return f"{name} is missing (the save was interrupted)"
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from .safe_metadata import read_metadata
 
-    try:
-        metadata = FileSystemReader(str(path)).read_metadata()
+    try:  # restricted: a scanned directory's .metadata must not run code (safe_metadata.py)
+        metadata = read_metadata(path)
     except Exception as err:  # a truncated pickle raises anything from EOFError to ValueError
         return f".metadata is unreadable ({type(err).__name__}: {err})"
     needed: dict[str, int] = {}

@@ -92,11 +92,12 @@ def read_trainer_metadata(path: Path) -> dict[str, Any]:
 
 def read_full_tensors(path: Path, keys: list[str]) -> dict[str, torch.Tensor]:
     """The full (unsharded) tensors `keys` of a torch_dist checkpoint, without a process group."""
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from torch.distributed.checkpoint.state_dict_loader import load
 
-    reader = FileSystemReader(str(path))
+    from .safe_metadata import SafeReader
+
+    reader = SafeReader(str(path))
     metadata = reader.read_metadata().state_dict_metadata
     state: dict[str, torch.Tensor] = {}
     for key in keys:

@@ -76,9 +76,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def key_prefix(path: Path) -> str:
     """The prefix of the model keys in the checkpoint: "" (Megatron-LM) or "module." (NeMo)."""
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from .safe_metadata import read_metadata
 
-    keys = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    keys = read_metadata(path).state_dict_metadata
     for key in keys:
         if key.endswith(_PROBE_KEY):
             return key[: -len(_PROBE_KEY)]

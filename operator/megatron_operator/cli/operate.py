@@ -91,6 +91,14 @@ def register(sub: Any) -> None:
         help="queue jobs labelled kueue.x-k8s.io/queue-name through Kueue: auto (when the "
         "cluster serves Kueue's Workload API, checked once at start), on (required), off",
     )
+    p.add_argument(
+        "--claim-key-file",
+        default=None,
+        metavar="PATH",
+        help="a secret key (any bytes, 32 or more) sealing the checkpoint claims the operator "
+        "retains after a job: a job re-created with the same name reuses only a claim whose "
+        "seal checks out; without it, a retained claim is never reused",
+    )
     p.add_argument("--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_operator)
 
@@ -141,6 +149,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from megatron_operator.core.reconcile import Settings
 
     kube = Kube.connect(workers=args.workers)
+    if args.claim_key_file:
+        kube.claim_key = _claim_key(args.claim_key_file)
     queues = _queues(kube, args.kueue, tuple(args.namespace))
     metrics = Metrics()
     settings = Settings(
@@ -169,6 +179,20 @@ def cmd_operator(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).error("lost the leader Lease: exiting to stand by again")
         return 1
     return 0
+
+
+def _claim_key(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            key = f.read().strip()
+    except OSError as exc:
+        raise CliError(f"--claim-key-file: cannot read {path}: {exc}", EXIT_INVALID) from None
+    if len(key) < 32:
+        raise CliError(
+            f"--claim-key-file: {path} holds {len(key)} bytes; use 32 or more random bytes",
+            EXIT_INVALID,
+        )
+    return key
 
 
 def _queues(kube: Kube, mode: str, namespaces: tuple[str, ...]) -> Queues | None:

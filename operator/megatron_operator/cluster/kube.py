@@ -24,7 +24,7 @@ from megatron_operator.api.job import GROUP, PLURAL, VERSION
 from megatron_operator.cluster.gangcalls import FairPool, slow_start
 from megatron_operator.core.names import LABEL_JOB_NAME, MANAGED_BY, SPEC_KEY, config_map_name
 from megatron_operator.core.observe import controller_uid, format_time
-from megatron_operator.core.ownership import UPDATED_KINDS, conflict
+from megatron_operator.core.ownership import UPDATED_KINDS, conflict, sealed
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -79,6 +79,13 @@ def call_json(method: Any, *args: Any, **kwargs: Any) -> Any:
     return json.loads(call(method, *args, **kwargs))
 
 
+def _retained(obj: Obj) -> bool:
+    """A claim rendered without a controller: kept after its job, and reused by a job of the
+    same name only with the seal we put on it."""
+    meta = obj.get("metadata") or {}
+    return obj.get("kind") == "PersistentVolumeClaim" and controller_uid(meta) is None
+
+
 class Kube:
     def __init__(self, api_client: kubernetes.client.ApiClient, workers: int = 32) -> None:
         self.client = api_client
@@ -91,6 +98,8 @@ class Kube:
         # jobs (cluster/gangcalls.py).
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
         self.gang = FairPool(workers)
+        # Seals the checkpoint claims we create without a controller (core/ownership.py).
+        self.claim_key: bytes | None = None
 
     @classmethod
     def connect(cls, workers: int = 32) -> Kube:
@@ -338,7 +347,7 @@ class Kube:
             if exc.status == 404:  # deleted since the 409: observe again
                 raise Conflict(f"{obj['kind']} {ns}/{name} went away") from None
             raise
-        problem = conflict(obj, existing, job_uid)
+        problem = conflict(obj, existing, job_uid, self.claim_key)
         if problem is not None:
             raise ChildConflict(problem)
         return existing
@@ -347,7 +356,8 @@ class Kube:
         """Get-or-create the non-pod children. An existing object is used only when it is the
         job's own (ChildConflict otherwise); the ConfigMap and the Role are then replaced, since
         a new attempt may run a changed spec (e.g. a resize while suspended) and new pods."""
-        for obj in objs:
+        key = self.claim_key
+        for obj in [sealed(o, key) if _retained(o) and key is not None else o for o in objs]:
             create, _, replace, _ = self._methods(obj["kind"])
             ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
             try:
@@ -428,8 +438,7 @@ class Kube:
             ("RoleBinding", rbac.list_namespaced_role_binding),
             ("Service", core.list_namespaced_service),
             ("NetworkPolicy", net.list_namespaced_network_policy),
-            ("Lease", self.coordination.list_namespaced_lease),
-        ):
+        ):  # not the progress Lease: the garbage collector removes it (no delete right)
             try:
                 items = call_json(list_, namespace, label_selector=selector).get("items") or []
             except ApiException as exc:
