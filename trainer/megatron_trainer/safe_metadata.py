@@ -77,8 +77,9 @@ class SafeReader(FileSystemReader):
     """torch's FileSystemReader, reading `.metadata` with the restricted unpickler."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        metadata = read_metadata(self.path)
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        metadata = read_metadata(str(self.path))
+        storage = metadata.storage_meta
+        if storage is None:
+            storage = metadata.storage_meta = StorageMeta()
+        storage.load_id = self.load_id
         return metadata
