@@ -118,12 +118,15 @@ class Op:
             if (self.log_dir / f"operator-{i}.log").exists()
         )
 
-    def metrics(self) -> str:
+    def metrics(self, token: str | None = None) -> str:
+        """/metrics (with a bearer token when the operator runs --metrics-auth kubernetes)."""
         import urllib.request
 
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
-        ) as r:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", headers=headers
+        )
+        with urllib.request.urlopen(request, timeout=10) as r:
             return str(r.read().decode())
 
 
