@@ -325,4 +325,4 @@ class Controller:
             log.info("%s/%s: attempt %s: created %d pods", namespace, name, attempt, made)
         if out.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished passed: deleting the job", namespace, name)
-            self.kube.delete_job(namespace, name)
+            self.kube.delete_job(namespace, name, meta.get("uid"))

@@ -293,7 +293,8 @@ async def cleanup(
     controller.forget(namespace or "", name)
     workload = status.get("workload")
     if controller.queues is not None and namespace and workload:
-        controller.queues.delete(namespace, str(workload))  # not waiting for the GC
+        # Not waiting for the GC; only if its controller is the deleted job.
+        controller.queues.delete(namespace, str(workload), owner=uid or "")
     if namespace is None or not uid or not status.get("startTime"):
         return  # never started (e.g. an invalid spec): it has no children
     loop = asyncio.get_running_loop()

@@ -154,18 +154,25 @@ class Kube:
                 raise Conflict(f"{meta['namespace']}/{meta['name']}: {exc.reason}") from None
             raise
 
-    def delete_job(self, namespace: str, name: str) -> None:
-        self._ignore_404(
-            lambda: call(
+    def delete_job(self, namespace: str, name: str, uid: str | None) -> None:
+        """Delete the job (ttlSecondsAfterFinished) we observed, by its uid: a job re-created
+        under the same name in between is not touched (409, done)."""
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            call(
                 self.custom.delete_namespaced_custom_object,
                 GROUP,
                 VERSION,
                 namespace,
                 PLURAL,
                 name,
-                body={"propagationPolicy": "Background"},
+                body=body,
             )
-        )
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
 
     # --- pods
     def list_pods(self, namespace: str, job: str) -> list[Obj]:
@@ -480,11 +487,3 @@ class Kube:
             call(self.core.create_namespaced_event, meta["namespace"], body)
         except ApiException as exc:  # events are best effort; never block a reconcile on them
             log.warning("could not post event %s for %s: %s", reason, meta["name"], exc.reason)
-
-    @staticmethod
-    def _ignore_404(call: Any) -> None:
-        try:
-            call()
-        except ApiException as exc:
-            if exc.status != 404:
-                raise

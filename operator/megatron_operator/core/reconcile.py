@@ -49,7 +49,7 @@ from megatron_operator.core.policy import (
     first_failure,
 )
 from megatron_operator.core.queueing import Queueing, QueueWorld, WorkloadActions
-from megatron_operator.core.render import children, pod
+from megatron_operator.core.render import children, pod, recorded_spec
 
 Obj = dict[str, Any]
 C = ConditionType
@@ -137,7 +137,12 @@ def _validate(
         except ValueError:
             old = None  # an unreadable record is not the user's fault: accept the new spec
         if old is not None:
-            errors = check_update(old, job.spec, suspended=phase == Phase.SUSPENDED)
+            # Compared as recorded (spec.env values as digests), or as an older operator
+            # recorded it (the values themselves).
+            suspended = phase == Phase.SUSPENDED
+            errors = check_update(old, recorded_spec(job.spec), suspended=suspended) and (
+                check_update(old, job.spec, suspended=suspended)
+            )
             if errors:
                 return None, None, errors
     return job, p, []

@@ -7,6 +7,7 @@ is random, and the same inputs always give the same objects.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any
@@ -16,6 +17,7 @@ from megatron_contract.config import dumps
 from megatron_contract.env import DEFAULT_MASTER_PORT
 from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY, CONFIG_MOUNT, DEFAULT_CONFIG_PATH
 from megatron_operator.api.job import API_VERSION, KIND, MegatronJob
+from megatron_operator.api.spec import EnvVar, MegatronJobSpec
 from megatron_operator.core.names import (
     ANNOTATION_LAYOUT,
     CONTAINER_NAME,
@@ -100,9 +102,22 @@ def service(job: MegatronJob) -> Obj:
     }
 
 
+def recorded_spec(spec: MegatronJobSpec) -> MegatronJobSpec:
+    """The spec as the ConfigMap records it: each spec.env value replaced by its SHA-256. The
+    record only serves to compare a later spec with (api/transitions.py), and a ConfigMap is
+    readable by anyone with the namespace's `view` role, while a value may be a token."""
+    env = [
+        EnvVar.model_validate(
+            {"name": e.name, "value": "sha256:" + hashlib.sha256(e.value.encode()).hexdigest()}
+        )
+        for e in spec.env
+    ]
+    return spec.model_copy(update={"env": env})
+
+
 def config_map(job: MegatronJob, plan: Plan) -> Obj:
-    """The resolved trainer config, plus the spec it came from: the operator compares a later
-    spec with it to enforce which fields may change (api/transitions.py)."""
+    """The resolved trainer config, plus the spec it came from (`recorded_spec`): the operator
+    compares a later spec with it to enforce which fields may change (api/transitions.py)."""
     text = dumps(trainer_config(job, plan))
     return {
         "apiVersion": "v1",
@@ -110,7 +125,7 @@ def config_map(job: MegatronJob, plan: Plan) -> Obj:
         "metadata": _meta(job, config_map_name(job.name)),
         "data": {
             CONFIG_KEY: text,
-            SPEC_KEY: json.dumps(job.spec.to_api(), sort_keys=True),
+            SPEC_KEY: json.dumps(recorded_spec(job.spec).to_api(), sort_keys=True),
         },
     }
 
