@@ -47,8 +47,8 @@ OURS = {"megatron.dev/job-name": "job", "app.kubernetes.io/managed-by": "megatro
         ("NetworkPolicy", _existing(), False),
         ("Pod", _existing("other"), False),
         ("Pod", _existing(JOB_UID), True),
-        # a claim with our labels but no seal: anyone in the namespace can set labels
-        ("PersistentVolumeClaim", _existing(labels=OURS), False),
+        # our labels, no seal: trusted only by an operator without a key (tested below)
+        ("PersistentVolumeClaim", _existing(labels=OURS), True),
         ("PersistentVolumeClaim", _existing(JOB_UID), True),
         ("PersistentVolumeClaim", _existing(), False),  # someone's claim
         ("PersistentVolumeClaim", _existing("other", labels=OURS), False),  # someone controls it
@@ -60,7 +60,7 @@ OURS = {"megatron.dev/job-name": "job", "app.kubernetes.io/managed-by": "megatro
     ],
 )
 def test_conflict(kind: str, existing: dict[str, Any], ok: bool) -> None:
-    problem = conflict(_child(kind), existing, JOB_UID)
+    problem = conflict(_child(kind), existing, JOB_UID)  # an operator without a claim key
     if ok:
         assert problem is None
     else:
@@ -94,5 +94,5 @@ def test_a_retained_claim_is_reused_only_with_its_seal() -> None:
     ):
         problem = conflict(wanted, _claim(bad), JOB_UID, KEY)
         assert problem is not None and "did not seal it" in problem, bad
-    # Without a key, nothing is reused: the seal cannot be checked.
-    assert conflict(wanted, _claim({SEAL_ANNOTATION: seal}), JOB_UID, None) is not None
+    # With a key, labels alone are not enough (anyone who may create claims can set them).
+    assert conflict(wanted, _existing(labels=OURS), JOB_UID, KEY) is not None

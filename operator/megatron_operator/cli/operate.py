@@ -95,9 +95,9 @@ def register(sub: Any) -> None:
         "--claim-key-file",
         default=None,
         metavar="PATH",
-        help="a secret key (any bytes, 32 or more) sealing the checkpoint claims the operator "
-        "retains after a job: a job re-created with the same name reuses only a claim whose "
-        "seal checks out; without it, a retained claim is never reused",
+        help="a secret key (32 bytes or more) sealing the checkpoint claims the operator retains "
+        "after a job: a job re-created with the same name reuses only a claim whose seal checks "
+        "out; without it, a retained claim is recognised by its labels",
     )
     p.add_argument("--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_operator)
@@ -151,6 +151,11 @@ def cmd_operator(args: argparse.Namespace) -> int:
     kube = Kube.connect(workers=args.workers)
     if args.claim_key_file:
         kube.claim_key = _claim_key(args.claim_key_file)
+    else:
+        logging.getLogger(__name__).warning(
+            "no --claim-key-file: a retained checkpoint claim is reused by its labels, which "
+            "anyone who may create claims in the namespace can set (the chart gives a key)"
+        )
     queues = _queues(kube, args.kueue, tuple(args.namespace))
     metrics = Metrics()
     settings = Settings(

@@ -13,8 +13,9 @@ design, so a job re-created with the same name resumes from it. Labels prove not
 may create claims in the namespace can set them, and a planted claim's checkpoints would run as
 the new job's code), so the operator seals the claims it creates: an annotation holding an HMAC
 of the namespace, the job's name and the claim's name under a key only the operator holds
-(`mjob operator --claim-key-file`). A retained claim is reused only when its seal checks out;
-without a key, never.
+(`mjob operator --claim-key-file`; the chart always gives one). A retained claim is then reused
+only when its seal checks out. An operator run without a key trusts the labels, as before seals
+existed, and says so when it starts.
 """
 
 from __future__ import annotations
@@ -58,18 +59,21 @@ def _controller(meta: Mapping[str, Any]) -> str:
 def retained_claim(
     kind: str, meta: Mapping[str, Any], job: str, namespace: str, key: bytes | None
 ) -> bool:
-    """A checkpoint claim the operator made for an earlier job of this name (its seal)."""
+    """A checkpoint claim the operator made for a job of this name: its seal checks out (or,
+    without a key, its labels say so)."""
     labels = meta.get("labels") or {}
+    if (
+        kind != "PersistentVolumeClaim"
+        or controller_uid(dict(meta)) is not None
+        or labels.get(LABEL_JOB_NAME) != job
+        or labels.get(LABEL_MANAGED_BY) != MANAGED_BY
+    ):
+        return False
+    if key is None:
+        return True
     seal = (meta.get("annotations") or {}).get(SEAL_ANNOTATION)
-    return (
-        key is not None
-        and kind == "PersistentVolumeClaim"
-        and controller_uid(dict(meta)) is None
-        and labels.get(LABEL_JOB_NAME) == job
-        and labels.get(LABEL_MANAGED_BY) == MANAGED_BY
-        and isinstance(seal, str)
-        and hmac.compare_digest(seal, claim_seal(key, namespace, job, str(meta.get("name"))))
-    )
+    expected = claim_seal(key, namespace, job, str(meta.get("name")))
+    return isinstance(seal, str) and hmac.compare_digest(seal, expected)
 
 
 def conflict(
@@ -94,8 +98,8 @@ def conflict(
     if kind == "PersistentVolumeClaim" and controller_uid(dict(meta)) is None:
         return (
             f"PersistentVolumeClaim {name} already exists with no controller, and the operator "
-            "did not seal it for a job of this name (or runs without --claim-key-file): it is "
-            "not reused, since its checkpoints would run as this job's code. If you trust it, "
+            "did not seal it for a job of this name: it is not reused, since its checkpoints "
+            "would run as this job's code. If you trust it, "
             f"name it in spec.checkpoint.volume.claimName. Delete or rename it otherwise"
         )
     return (
