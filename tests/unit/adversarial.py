@@ -269,6 +269,17 @@ CASES: list[Case] = [
     _case("split in full-width digits", {"data.split": "１,0,0"}, "spec.data.split"),
     _case("split ending in a newline", {"data.split": "1,0,0\n"}, "spec.data.split"),
     _case("shmSize ending in a newline", {"resources.shmSize": "1Gi\n"}, "spec.resources.shmSize"),
+    # The apiserver refuses a pod whose request is above its limit: refuse the job first.
+    _case(
+        "cpu request above its limit",
+        {"resources.requests": {"cpu": "1"}, "resources.limits": {"cpu": "500m"}},
+        "spec.resources",
+    ),
+    _case(
+        "memory request above its limit",
+        {"resources.requests": {"memory": "2Gi"}, "resources.limits": {"memory": 2000000000}},
+        "spec.resources",
+    ),
     _case(
         "toleration key ending in a newline",
         {"resources.tolerations": [{"key": "gpu\n", "operator": "Exists"}]},

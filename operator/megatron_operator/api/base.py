@@ -7,6 +7,7 @@ unknown fields rejected, and strict types (a string "3" is not an integer, as in
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Annotated, Any, Final
 
 from pydantic import (
@@ -65,6 +66,27 @@ def _check_quantity(value: object) -> str | int:
             "'500m' or '80Gi' (at most 18 digits)"
         )
     return value
+
+
+_SUFFIX: Final[dict[str, Decimal | int]] = {
+    **{"": 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3")},
+    **{"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18},
+    **{"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60},
+}
+_QUANTITY_PARTS = re.compile(r"\+?([0-9]*\.?[0-9]*)(.*)")
+
+
+def quantity_value(value: str | int) -> Decimal:
+    """The exact value of a Quantity (already checked by QUANTITY_PATTERN), as the apiserver
+    compares them: '500m' < '1' < '1Ki' < '1e4'."""
+    if isinstance(value, int):
+        return Decimal(value)
+    m = _QUANTITY_PARTS.fullmatch(value)
+    assert m is not None
+    number, suffix = Decimal(m.group(1)), m.group(2)
+    if suffix[:1] in ("e", "E") and suffix not in ("E", "Ei"):
+        return number * Decimal(10) ** int(suffix[1:])
+    return number * Decimal(_SUFFIX[suffix])
 
 
 Quantity = Annotated[

@@ -348,6 +348,13 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".resources.requests",
     ),
     rule(
+        f"!has({R}.requests) || !has({R}.limits) || {R}.requests.all(k, !(k in {R}.limits) || "
+        f"quantity(string({R}.requests[k])).compareTo(quantity(string({R}.limits[k]))) <= 0)",
+        "a resource request is above its limit: a pod may not request more than its limit; "
+        "raise the limit or lower the request",
+        ".resources.requests",
+    ),
+    rule(
         f"!{GPU} || !has({R}.limits) || !({R}.accelerator in {R}.limits)",
         "the GPU limit is set from procsPerNode: remove it from resources.limits",
         ".resources.limits",

@@ -49,6 +49,7 @@ from .base import (
     TolerationKey,
     enum_schema,
     one_of,
+    quantity_value,
 )
 
 Precision = Annotated[str, one_of(choices.PRECISIONS), enum_schema(choices.PRECISIONS)]
@@ -354,6 +355,22 @@ class ResourcesSpec(ApiModel):
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=64, description="Tolerations added to every pod."
     )
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> ResourcesSpec:
+        # Also a CEL rule (cel.py): the apiserver refuses a pod whose request is above its
+        # limit, so the job must be refused before any pod is rendered.
+        above = [
+            k
+            for k, v in self.requests.items()
+            if k in self.limits and quantity_value(v) > quantity_value(self.limits[k])
+        ]
+        if above:
+            raise ValueError(
+                f"resources.requests is above resources.limits for {', '.join(sorted(above))}: "
+                "a pod may not request more than its limit; raise the limit or lower the request"
+            )
+        return self
 
     @model_validator(mode="after")
     def _world_size_cap(self) -> ResourcesSpec:
