@@ -33,19 +33,23 @@ _QUANTITY = st.sampled_from(["1", "500m", "2Gi", "64Gi", "1e3", "0.5"])
 
 @st.composite
 def specs(draw: st.DrawFn) -> dict[str, Any]:
-    tp = draw(st.sampled_from([1, 2, 4, 8]))
+    """Mostly valid specs (the layout drawn to fit), with the pod-shaping fields varied."""
+    cpu = draw(st.booleans())
+    ppn = draw(st.sampled_from([1, 2, 4] if cpu else [8, 16]))
     nodes = draw(st.integers(1, 3))
+    tp = draw(st.sampled_from([t for t in (1, 2, 4) if ppn % t == 0]))
+    world = nodes * ppn
+    pp = draw(st.sampled_from([p for p in (1, 2) if (world // tp) % p == 0 and world % tp == 0]))
     changes: dict[str, Any] = {
         "parallelism.tensor": tp,
-        "parallelism.pipeline": draw(st.sampled_from([1, 2])),
+        "parallelism.pipeline": pp,
         "resources.nodes": nodes,
-        "resources.procsPerNode": draw(st.sampled_from([8, 16])),
-        "training.globalBatchSize": draw(st.sampled_from([64, 128, 256])),
-        "model.recipe": draw(st.sampled_from(["gpt-tiny", "llama3-8b", "mixtral-8x7b"])),
+        "resources.procsPerNode": ppn,
+        "training.globalBatchSize": 96 * draw(st.integers(1, 4)),
+        "model.recipe": "gpt-tiny",
     }
-    if draw(st.booleans()):
+    if cpu:
         changes["resources.accelerator"] = "none"
-        changes["resources.procsPerNode"] = draw(st.sampled_from([1, 2, 4]))
     if draw(st.booleans()):
         changes["resources.nodeSelector"] = draw(
             st.dictionaries(_LABEL_KEY, _LABEL_VALUE, max_size=3)

@@ -276,6 +276,11 @@ CASES: list[Case] = [
         "spec.resources",
     ),
     _case(
+        "extended resource request without a limit",
+        {"resources.requests": {"example.com/fpga": 1}},
+        "spec.resources",
+    ),
+    _case(
         "memory request above its limit",
         {"resources.requests": {"memory": "2Gi"}, "resources.limits": {"memory": 2000000000}},
         "spec.resources",

@@ -193,10 +193,11 @@ def test_config_map_holds_the_resolved_config() -> None:
 @pytest.mark.parametrize(
     ("requests", "limits", "ipc_lock"),
     [
-        ({"rdma/ib": 1}, {}, True),
+        # An extended resource's request needs an equal limit (the apiserver's rule).
+        ({"rdma/ib": 1}, {"rdma/ib": 1}, True),
         ({}, {"rdma/ib": "1"}, True),
-        ({"rdma/ib": 0}, {}, False),
-        ({"rdma/ib": "0"}, {"rdma/x": "0m"}, False),
+        ({"rdma/ib": 0}, {"rdma/ib": 0}, False),
+        ({}, {"rdma/x": "0m"}, False),
         ({"cpu": "8"}, {}, False),
     ],
 )

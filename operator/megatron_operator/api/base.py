@@ -52,6 +52,7 @@ QUANTITY_PATTERN = (
     r"(([KMGTPE]i)|[numkMGTPE]|([eE][-+]?[0-9]{1,2}))?$"
 )
 MAX_QUANTITY_INT: Final = 10**18
+QUANTITY_MAX_LENGTH: Final = 40
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 
 
@@ -96,6 +97,9 @@ Quantity = Annotated[
         {
             "x-kubernetes-int-or-string": True,
             "pattern": QUANTITY_PATTERN,
+            # The pattern allows at most 36 characters; the cap bounds the CEL cost of
+            # comparing requests with limits.
+            "maxLength": QUANTITY_MAX_LENGTH,
             "minimum": 0,
             "maximum": MAX_QUANTITY_INT,
         }

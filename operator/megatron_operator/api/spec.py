@@ -370,6 +370,24 @@ class ResourcesSpec(ApiModel):
                 f"resources.requests is above resources.limits for {', '.join(sorted(above))}: "
                 "a pod may not request more than its limit; raise the limit or lower the request"
             )
+        # Extended resources (rdma/ib, ...) and huge pages cannot be overcommitted: the
+        # apiserver wants a limit, equal to the request when both are given.
+        uneven = [
+            k
+            for k in self.requests
+            if (("/" in k and "kubernetes.io/" not in k) or k.startswith("hugepages-"))
+            and k != self.accelerator  # refused on its own: the operator sets it
+            and (
+                k not in self.limits
+                or quantity_value(self.requests[k]) != quantity_value(self.limits[k])
+            )
+        ]
+        if uneven:
+            raise ValueError(
+                f"resources.requests of {', '.join(sorted(uneven))} needs an equal "
+                "resources.limits entry (extended resources and huge pages are not "
+                "overcommitted): set the limit, or give only the limit"
+            )
         return self
 
     @model_validator(mode="after")
