@@ -347,6 +347,14 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         "the GPU request is set from procsPerNode: remove it from resources.requests",
         ".resources.requests",
     ),
+    rule(
+        f"!has({R}.requests) || {R}.requests.all(k, "
+        f"!((k.contains('/') && !k.contains('kubernetes.io/')) || k.startsWith('hugepages-')) "
+        f"|| k == {R}.accelerator || (has({R}.limits) && k in {R}.limits))",
+        "an extended resource or huge pages request needs its limit (they are not "
+        "overcommitted): set resources.limits to the same amount, or give only the limit",
+        ".resources.requests",
+    ),
     # Three named resources keep the rule's cost within the apiserver's budget (a loop over
     # the maps with quantity() is 8x over it); the model checks every resource, and the
     # extended ones' request == limit rule.

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from megatron_operator.cluster.errors import ApiError, ErrorKind, classify
+from megatron_operator.cluster.events import EventLimiter
 from megatron_operator.cluster.guard import BugGuard
 from megatron_operator.cluster.kube import ChildConflict, Conflict, Kube, Rejected
 from megatron_operator.cluster.metrics import Metrics
@@ -97,6 +98,7 @@ class Controller:
         self.expected: dict[tuple[str, str], Expectations] = {}
         self.guard = BugGuard(metrics)  # exceptions of ours: backoff, metric, no pod touched
         self.progress = ProgressLimiter()  # progress copies into the status, per job
+        self.events = EventLimiter()  # events aggregated and rate-limited, per job
 
     def reconcile_job(
         self, namespace: str, name: str, nodes: NodeLookup | None = None, uid: str | None = None
@@ -129,6 +131,7 @@ class Controller:
             table.pop(key, None)
         self.guard.forget(key)
         self.progress.forget(key)
+        self.events.forget(key)
 
     def _bug(self, namespace: str, name: str, exc: Exception) -> float:
         """An exception of ours: back off and retry, loudly, and leave the job's pods alone
@@ -146,9 +149,28 @@ class Controller:
         try:
             job = self.kube.get_job(namespace, name)
             if job is not None:
-                self.kube.event(job, "Warning", reason, message, _now())
+                self._post(job, "Warning", reason, message, _now())
         except Exception as exc:  # an event is best effort
             log.warning("%s/%s: could not post the %s event: %s", namespace, name, reason, exc)
+
+    def _event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """Post an event in the background, aggregated and rate-limited (cluster/events.py)."""
+        self.kube.pool.submit(self._post, dict(job), type_, reason, message, _now())
+
+    def _post(
+        self, job: dict[str, Any], type_: str, reason: str, message: str, now: datetime
+    ) -> None:
+        meta = job["metadata"]
+        key = (str(meta["namespace"]), str(meta["name"]))
+        action, name, count = self.events.decide(key, type_, reason, message[:1024])
+        if action == "count" and name is not None:
+            self.kube.bump_event(key[0], name, count, now)
+        elif action == "post":
+            made = self.kube.event(job, type_, reason, message, now)
+            if made is not None:
+                self.events.posted(key, type_, reason, message[:1024], made)
+        else:
+            self.metrics.events_dropped.inc()
 
     def _failed(self, namespace: str, name: str, err: ApiError) -> float:
         """Back off (exponential, jittered, capped); a refusal that will not pass by itself
@@ -276,11 +298,8 @@ class Controller:
         meta = job["metadata"]
         if out.status != job.get("status"):
             self.kube.replace_status(dict(job), out.status)
-        now = _now()
         for event in out.events:  # posted in the background: events never hold up a reconcile
-            self.kube.pool.submit(
-                self.kube.event, dict(job), event.type, event.reason, event.message, now
-            )
+            self._event(job, str(event.type), event.reason, event.message)
         self.metrics.observe_status(str(meta["namespace"]), str(meta["name"]), out.status)
 
     def _apply(self, job: dict[str, Any], out: Outcome) -> None:

@@ -459,7 +459,8 @@ class Kube:
                     self._delete(delete, namespace, meta["name"], uid=meta.get("uid"))
 
     # --- events
-    def event(self, job: Obj, type_: str, reason: str, message: str, now: datetime) -> None:
+    def event(self, job: Obj, type_: str, reason: str, message: str, now: datetime) -> str | None:
+        """Post an Event on the job; its name, or None when it could not be posted."""
         meta = job["metadata"]
         stamp = format_time(now)
         body = {
@@ -484,6 +485,17 @@ class Kube:
             "count": 1,
         }
         try:
-            call(self.core.create_namespaced_event, meta["namespace"], body)
+            made = json.loads(call(self.core.create_namespaced_event, meta["namespace"], body))
         except ApiException as exc:  # events are best effort; never block a reconcile on them
             log.warning("could not post event %s for %s: %s", reason, meta["name"], exc.reason)
+            return None
+        name = (made.get("metadata") or {}).get("name") if isinstance(made, dict) else None
+        return str(name) if name else None
+
+    def bump_event(self, namespace: str, name: str, count: int, now: datetime) -> None:
+        """An event seen again: its count and lastTimestamp, not a new Event object."""
+        body = {"count": count, "lastTimestamp": format_time(now)}
+        try:
+            call(self.core.patch_namespaced_event, name, namespace, body)
+        except ApiException as exc:  # best effort, as above
+            log.warning("could not update event %s/%s: %s", namespace, name, exc.reason)
