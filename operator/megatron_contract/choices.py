@@ -15,3 +15,8 @@ SHARDING_TYPES: Final = ("dp_reshardable", "fully_reshardable")
 CPU: Final = "none"  # resources.accelerator for CPU training (gloo)
 ACCELERATORS: Final = ("nvidia.com/gpu", CPU)
 INIT_LOADS: Final = ("weights", "full")  # checkpoint.init.megatron.load
+# profiling.tool: torch.profiler, NVIDIA Nsight Systems around the rank process, VizTracer.
+PROFILERS: Final = ("torch", "nsys", "viztracer")
+NSYS: Final = "nsys"
+# checkpoint.url: multi-storage-client (MSC) URLs, msc://PROFILE/PATH, as Megatron-Core reads them.
+MSC_SCHEME: Final = "msc://"

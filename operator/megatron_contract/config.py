@@ -28,9 +28,11 @@ from megatron_contract.choices import (
     CPU,
     INIT_LOADS,
     LR_DECAY_STYLES,
+    MSC_SCHEME,
     NORMALIZATIONS,
     POSITION_EMBEDDINGS,
     PRECISIONS,
+    PROFILERS,
     RECOMPUTE,
     SHARDING_TYPES,
     TOKEN_DISPATCHERS,
@@ -118,6 +120,7 @@ class ParallelismConfig:
     data: int
     expert_data: int
     sequence_parallel: bool
+    fsdp: bool  # Megatron FSDP (use_megatron_fsdp): parameters, gradients and optimizer sharded
 
     @property
     def model_parallel(self) -> int:
@@ -199,7 +202,7 @@ class InitConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    dir: str
+    dir: str  # an absolute path, or an msc://PROFILE/PATH URL (object storage)
     save_interval: int
     async_save: Annotated[bool, Meta(key="async")]
     keep: Annotated[int, Meta(minimum=0)]  # newest checkpoints kept; 0 keeps all
@@ -223,6 +226,7 @@ class ProgressConfig:
 
 @dataclass(frozen=True)
 class ProfilingConfig:
+    tool: Annotated[str, Meta(choices=PROFILERS)]
     start_step: int
     end_step: int
     ranks: Annotated[tuple[int, ...], Meta(minimum=0)]
@@ -438,8 +442,11 @@ def _expected(tp: Any) -> str:
 
 def _check_values(cfg: TrainerConfig, problems: list[str]) -> None:
     """Field checks that are about one value's form (not the layout: that is `rules`)."""
-    if not os.path.isabs(cfg.checkpoint.dir):
-        problems.append(f"checkpoint.dir: must be an absolute path, got {cfg.checkpoint.dir!r}")
+    if not (os.path.isabs(cfg.checkpoint.dir) or is_msc_url(cfg.checkpoint.dir)):
+        problems.append(
+            f"checkpoint.dir: must be an absolute path or an msc://PROFILE/PATH URL, got "
+            f"{cfg.checkpoint.dir!r}"
+        )
     parts = cfg.data.split.split(",")
     try:
         weights = [float(p) for p in parts]
@@ -457,13 +464,19 @@ def _check_values(cfg: TrainerConfig, problems: list[str]) -> None:
         ("megatron", init and init.megatron),
         ("huggingFace", init and init.hugging_face),
     ):
-        if source and not os.path.isabs(source.path):
+        if source and not (os.path.isabs(source.path) or is_msc_url(source.path)):
             problems.append(
-                f"checkpoint.init.{where}.path: must be an absolute path, got {source.path!r}"
+                f"checkpoint.init.{where}.path: must be an absolute path or an msc:// URL, got "
+                f"{source.path!r}"
             )
     for i, entry in enumerate(cfg.data.blend or ()):
         if entry.weight <= 0.0:
             problems.append(f"data.blend[{i}].weight: must be > 0, got {entry.weight}")
+
+
+def is_msc_url(path: str) -> bool:
+    """`msc://PROFILE/PATH`: a multi-storage-client URL (object storage), not a file path."""
+    return path.startswith(MSC_SCHEME) and "/" in path[len(MSC_SCHEME) :].strip("/")
 
 
 def parse_config(data: Any) -> TrainerConfig:

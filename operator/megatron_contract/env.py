@@ -23,10 +23,17 @@ PROGRESS_LEASE: Final = "MEGATRON_PROGRESS_LEASE"
 PROGRESS_FILE: Final = "MEGATRON_PROGRESS_FILE"
 POD_NAME: Final = "POD_NAME"
 POD_NAMESPACE: Final = "POD_NAMESPACE"
-# Never set by the operator: `STEP[:RANK[:KILL|TERM]][,…]` for chaos tests (spec.env may set it).
+# Never set by the operator: `STEP[:RANK[:KILL|TERM|RAISE]][,…]` for chaos tests (spec.env may
+# set it). RAISE makes the rank fail with an uncaught exception, as an OOM or NCCL error would.
 INJECT_FAILURE: Final = "MEGATRON_INJECT_FAILURE"
 # Never set by the operator: "<iteration>" makes that iteration's loss NaN on every rank (tests).
 INJECT_NAN_LOSS: Final = "MEGATRON_INJECT_NAN_LOSS"
+
+# checkpoint.url: multi-storage-client's own variable, the path of its config file (profiles,
+# credentials), which the pods mount from checkpoint.msc.configSecret.
+MSC_CONFIG: Final = "MSC_CONFIG"
+# A node-local directory for files on their way to object storage (TensorBoard, profiles).
+SCRATCH: Final = "MEGATRON_SCRATCH"
 
 DEFAULT_MASTER_PORT: Final = 29500
 
@@ -46,6 +53,7 @@ RESERVED: Final = frozenset(
         PROGRESS_FILE,
         POD_NAME,
         POD_NAMESPACE,
+        SCRATCH,
     }
 )
 
@@ -56,7 +64,7 @@ class FailureInjection:
 
     step: int
     rank: int
-    signal: str  # "KILL" or "TERM"
+    signal: str  # "KILL", "TERM" or "RAISE"
 
 
 @dataclass(frozen=True)
@@ -154,9 +162,10 @@ def parse_injections(raw: str, problems: list[str]) -> tuple[FailureInjection, .
         except ValueError:
             step = rank = -1
         signal = (parts[2] if len(parts) > 2 else "KILL").upper().removeprefix("SIG")
-        if len(parts) > 3 or step < 1 or rank < 0 or signal not in ("KILL", "TERM"):
+        if len(parts) > 3 or step < 1 or rank < 0 or signal not in ("KILL", "TERM", "RAISE"):
             problems.append(
-                f"{INJECT_FAILURE}: {item!r} is not STEP[:RANK[:KILL|TERM]] (step >= 1, rank >= 0)"
+                f"{INJECT_FAILURE}: {item!r} is not STEP[:RANK[:KILL|TERM|RAISE]] (step >= 1, "
+                "rank >= 0)"
             )
             continue
         result.append(FailureInjection(step, rank, signal))

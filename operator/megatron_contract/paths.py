@@ -9,6 +9,9 @@ CONFIG_MOUNT: Final = "/etc/megatron"  # the ConfigMap's mount in the trainer co
 CONFIG_KEY: Final = "config.json"  # the resolved trainer config's key in that ConfigMap
 DEFAULT_CONFIG_PATH: Final = f"{CONFIG_MOUNT}/{CONFIG_KEY}"
 CHECKPOINT_MOUNT: Final = "/mnt/checkpoints"  # the checkpoint volume's mount
+MSC_CONFIG_MOUNT: Final = "/etc/megatron-msc"  # checkpoint.msc.configSecret's mount (read-only)
+SCRATCH_MOUNT: Final = "/var/tmp/megatron"  # an emptyDir for files bound for object storage
+PROFILES_DIR: Final = "profiles"  # <checkpoint dir>/profiles/<restart attempt>/<one file a rank>
 # Where the trainer writes why it stopped; the kubelet copies it into the container's
 # terminated state (message), which the operator puts in status.lastFailure. Kubernetes' default
 # terminationMessagePath; pods also set FallbackToLogsOnError for crashes that write nothing.

@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from megatron_contract.choices import CPU
+from megatron_contract.choices import CPU, NSYS
 from megatron_contract.config import (
     DataConfig,
     ModelConfig,
@@ -67,6 +67,16 @@ def divisors(n: int, limit: int | None = None, count: int = 64) -> list[int]:
     if limit is not None:
         found = [d for d in found if d <= limit]
     return found[:count]
+
+
+def default_sequence_parallel(tensor: int, accelerator: str) -> bool:
+    """sequenceParallel when the spec leaves it unset: on with tensor parallelism on GPUs.
+
+    Megatron's guidance is to always use it with TP > 1: without it the LayerNorm and dropout
+    activations (about 6·s·b·h bytes a layer) are duplicated on every tensor-parallel rank. The
+    CPU platform has no Transformer Engine, which sequence parallelism needs, so it stays off
+    there. An explicit value always wins (the CEL has the same expression)."""
+    return tensor > 1 and accelerator != CPU
 
 
 def _layout(lay: Layout) -> Iterator[Problem]:
@@ -129,6 +139,16 @@ def _tensor(lay: Layout) -> Iterator[Problem]:
             "parallelism.sequenceParallel",
             "sequenceParallel needs parallelism.tensor > 1: set tensor ≥ 2 or turn it off",
         )
+    cp, seq = lay.parallelism.context, m.seq_length
+    if sp and tp > 1 and seq % cp == 0 and (seq // cp) % tp:
+        # Megatron-Core scatters each context-parallel rank's sequence over the tensor ranks
+        # (tensor_parallel.mappings `_split_along_first_dim` asserts it divides).
+        yield Problem(
+            "parallelism.sequenceParallel",
+            f"sequence parallelism splits each context-parallel rank's {seq // cp} tokens "
+            f"(model.seqLength {seq} / context {cp}) over tensor ({tp}) ranks, which must divide "
+            "them: change model.seqLength or parallelism.tensor, or turn sequenceParallel off",
+        )
     if m.moe is not None and tp > 1 and not sp:
         yield Problem(
             "parallelism.sequenceParallel",
@@ -159,6 +179,20 @@ def _pipeline(lay: Layout) -> Iterator[Problem]:
             f"numLayers ({m.num_layers}) must split into pipeline × virtualPipeline ({pp} × {vpp}) "
             "equal stages" + ("" if per_rank else ": fix pipeline first"),
             divisors_of=per_rank,
+        )
+
+
+def _fsdp(lay: Layout) -> Iterator[Problem]:
+    """Megatron FSDP (use_megatron_fsdp) shards parameters, gradients and optimizer state over
+    the data-parallel (× context) ranks. Megatron-Core combines it with TP, CP and EP, but its
+    schedule has no pipeline: Megatron-LM's arguments.py asserts pipeline size 1."""
+    p = lay.parallelism
+    if p.fsdp and p.pipeline > 1:
+        yield Problem(
+            "parallelism.fsdp",
+            f"Megatron FSDP does not combine with pipeline parallelism (pipeline {p.pipeline}): "
+            "set pipeline: 1 (FSDP already shards the layers over the data-parallel ranks) or "
+            "fsdp: false",
         )
 
 
@@ -248,10 +282,16 @@ def _platform(lay: Layout) -> Iterator[Problem]:
             f"context parallelism is CUDA-only (it needs Transformer Engine attention): set "
             f"context: 1 {cuda}",
         )
-    if p.expert > 1:
+    if p.fsdp:
         yield Problem(
-            "parallelism.expert",
-            f"expert parallelism is CUDA-only in this trainer: set expert: 1 {cuda}",
+            "parallelism.fsdp",
+            "Megatron FSDP is CUDA-only in Megatron-Core 0.16.1 (it creates CUDA streams for its "
+            f"parameter gathers): set fsdp: false {cuda}",
+        )
+    if lay.profiling is not None and lay.profiling.tool == NSYS:
+        yield Problem(
+            "profiling.tool",
+            f"nsys (Nsight Systems) profiles CUDA: use tool torch or viztracer on CPU {cuda}",
         )
     if p.sequence_parallel:
         yield Problem(
@@ -332,7 +372,18 @@ def _profiling(lay: Layout) -> Iterator[Problem]:
         yield Problem("profiling.ranks", f"ranks {bad} do not exist (world size {world})")
 
 
-RULES = (_layout, _tensor, _pipeline, _experts, _sequence, _platform, _batch, _data, _profiling)
+RULES = (
+    _layout,
+    _tensor,
+    _pipeline,
+    _fsdp,
+    _experts,
+    _sequence,
+    _platform,
+    _batch,
+    _data,
+    _profiling,
+)
 
 
 def check(layout: Layout) -> list[Problem]:

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -146,18 +145,10 @@ def restore_sysctls(saved: dict[str, str]) -> None:
 
 
 def require_host_tools() -> None:
-    missing = [
-        t
-        for t in ("ip", "nsenter", "containerd", "containerd-shim-runc-v2", "runc", "ctr")
-        if shutil.which(t) is None
-    ]
-    if not (CNI_BIN_DIR / "bridge").is_file():
-        missing.append("containernetworking-plugins")
-    if missing:
-        die(
-            f"real nodes need {', '.join(missing)}: "
-            "apt-get install -y containerd runc containernetworking-plugins iproute2 util-linux"
-        )
+    """containerd, runc, the CNI plugins, ...: installed now if missing (hostpkgs.py)."""
+    import hostpkgs
+
+    hostpkgs.ensure(hostpkgs.REAL_NODES)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -395,6 +386,50 @@ def corefile(state: Path) -> Path:
 Spawn = Callable[..., Any]  # the driver's spawn(state, name, argv) -> Proc
 
 
+def spawn_containerd(state: Path, n: RealNode, spawn: Spawn) -> Any:
+    cfg = n.root / "containerd" / "config.toml"
+    return spawn(
+        state, f"containerd-{n.name}", in_netns(n.netns, ["containerd", "--config", str(cfg)])
+    )
+
+
+def spawn_kubelet(state: Path, n: RealNode, kubelet: str, spawn: Spawn) -> Any:
+    """The node's kubelet, from the configuration files start() wrote under the node's dir."""
+    make_cgroups(n.cgroup_root)
+    d = n.root / "kubelet"
+    return spawn(
+        state,
+        f"kubelet-{n.name}",
+        in_netns(
+            n.netns,
+            [
+                kubelet,
+                f"--config={d / 'config.yaml'}",
+                f"--kubeconfig={d / 'kubeconfig'}",
+                f"--root-dir={d / 'root'}",
+                f"--hostname-override={n.name}",
+                f"--node-ip={n.ip}",
+                f"--node-labels={REAL_NODE_LABEL}=real",
+                "--v=1",
+            ],
+        ),
+    )
+
+
+def restart_node(state: Path, n: RealNode, kubelet: str, spawn: Spawn, timeout: float) -> list[str]:
+    """A node back after kill-node (a machine rebooted): its containerd again, with the images
+    it already had, then its kubelet, which re-registers the node. Returns what was started."""
+    started = []
+    if read_pid(state, f"containerd-{n.name}") is None:
+        p = spawn_containerd(state, n, spawn)
+        wait_socket(n, timeout, p.alive)
+        started.append(f"containerd-{n.name}")
+    if read_pid(state, f"kubelet-{n.name}") is None:
+        spawn_kubelet(state, n, kubelet, spawn)
+        started.append(f"kubelet-{n.name}")
+    return started
+
+
 def ctr(n: RealNode, *args: str) -> list[str]:
     return ["ctr", "--address", str(n.socket), "-n", CONTAINERD_NS, *args]
 
@@ -487,40 +522,17 @@ def start(
     ctd_procs = []
     for n in nodes:
         cni_config(n, f"{cluster_id(state)}-{n.name}")
-        cfg = containerd_config(n, sandbox)
-        ctd_procs.append(
-            spawn(
-                state,
-                f"containerd-{n.name}",
-                in_netns(n.netns, ["containerd", "--config", str(cfg)]),
-            )
-        )
+        containerd_config(n, sandbox)
+        ctd_procs.append(spawn_containerd(state, n, spawn))
     for n, p in zip(nodes, ctd_procs, strict=True):
         wait_socket(n, timeout, p.alive)
     seconds = import_images(nodes, archives)
     log(f"images imported into {len(nodes)} nodes in {seconds:.0f} s")
 
     for n in nodes:
-        make_cgroups(n.cgroup_root)
-        kubeconfig = n.root / "kubelet" / "kubeconfig"
-        write_kubeconfig(kubeconfig, pki, in_cluster)
-        spawn(
-            state,
-            f"kubelet-{n.name}",
-            in_netns(
-                n.netns,
-                [
-                    kubelet,
-                    f"--config={kubelet_config(n, pki)}",
-                    f"--kubeconfig={kubeconfig}",
-                    f"--root-dir={n.root / 'kubelet' / 'root'}",
-                    f"--hostname-override={n.name}",
-                    f"--node-ip={n.ip}",
-                    f"--node-labels={REAL_NODE_LABEL}=real",
-                    "--v=1",
-                ],
-            ),
-        )
+        write_kubeconfig(n.root / "kubelet" / "kubeconfig", pki, in_cluster)
+        kubelet_config(n, pki)
+        spawn_kubelet(state, n, kubelet, spawn)
     layout["import_seconds"] = round(seconds, 1)
     (state / "real-nodes.json").write_text(json.dumps(layout, indent=2) + "\n")
     return layout

@@ -116,7 +116,15 @@ def test_the_renderer_sets_exactly_the_reserved_env() -> None:
     pod = next(o for o in render(job, plan(job.spec)) if o["kind"] == "Pod")
     names = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     assert names <= RESERVED_ENV
-    assert RESERVED_ENV - names == {"MEGATRON_PROGRESS_FILE"}  # set only by mjob run --local
+    # PROGRESS_FILE: set only by mjob run --local; SCRATCH: only with checkpoint.url (below).
+    assert RESERVED_ENV - names == {"MEGATRON_PROGRESS_FILE", "MEGATRON_SCRATCH"}
+    job = load_file(ROOT / "examples" / "llama3-8b-auto.yaml")
+    pod = next(o for o in render(job, plan(job.spec)) if o["kind"] == "Pod")
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert RESERVED_ENV - set(env) == {"MEGATRON_PROGRESS_FILE"}
+    # MSC's own variable, last: the mounted Secret wins over any spec.env entry of that name.
+    assert list(env)[-2:] == ["MSC_CONFIG", "MEGATRON_SCRATCH"]
+    assert env["MSC_CONFIG"] == "/etc/megatron-msc/msc_config.yaml"
 
 
 def test_keep_zero_means_keep_all_on_both_sides(tmp_path: Path) -> None:

@@ -17,6 +17,21 @@ Fixtures:
   every cluster it started is downed at the end of the session, or earlier with `.down()`.
 - `namespace` (per test): a fresh namespace on the shared cluster, with its default
   ServiceAccount present; deleted after the test.
+- `real_cluster` (session): THE cluster with real nodes (1 kwok node, 3 real ones: kubelet and
+  containerd in network namespaces, our images; real_nodes_support.py), one for the whole
+  session, shared by every real-node module. It is started in a background thread as soon as
+  the first integration test runs (its images are imported while other tests run), and pytest
+  runs every test that uses it last. Torn down at the end of the session, which then checks
+  that no process, namespace, mount or link of it is left. MEGATRON_REAL_NODES=0 skips the
+  tests that use it, and the skip says so.
+- `real_operator` (session): `real_cluster` with the chart's operator installed (`helm install`,
+  the image built from Dockerfile.operator, pinned to real-node-0).
+
+A new real-node module asks for `real_cluster` or `real_operator` in its tests: nothing else.
+Its tests share the cluster with the other modules: they work in namespaces of their own, delete
+what they fill, and leave every node Ready (a test that kills a node restarts it:
+`real_cluster.restart_node(name)`). Each scenario costs CI minutes; keep it to what only real
+nodes can show.
 
 The binaries are built (or found in the cache) by `tests/cluster/cluster build`, which the
 `cluster` fixture runs itself: a no-op when cached, 10-30 minutes when cold.
@@ -29,300 +44,69 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
+import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-DRIVER = REPO / "tests" / "cluster" / "cluster"
+from .cluster_support import (
+    DRIVER,
+    REPO,
+    Cluster,
+    _env_int,
+    _running,
+    build_paths,
+    run_driver,
+    start_cluster,
+)
+from .real_nodes_support import (
+    SKIP_REASON,
+    EarlyStart,
+    RealCluster,
+    assert_nothing_left,
+    real_nodes_requested,
+    uses_real_nodes,
+)
+
+__all__ = ["DRIVER", "REPO", "Cluster", "build_paths", "run_driver", "start_cluster"]
+
 INTEGRATION_DIR = Path(__file__).resolve().parent
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test under tests/integration `integration` (before -m selects)."""
+    """Mark every test under tests/integration `integration` (before -m selects); run the
+    real-node tests last (in their modules' order), so that in a one-process run the real
+    cluster starts while the others run."""
     for item in items:
         if INTEGRATION_DIR in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.integration)
+    items.sort(key=uses_real_nodes)  # stable: everything else keeps its order
 
 
-def run_driver(*args: str, timeout: float = 600) -> str:
-    """Run tests/cluster/cluster; return stdout; raise with its stderr on failure."""
-    proc = subprocess.run(
-        [str(DRIVER), *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"`cluster {' '.join(args)}` failed (exit {proc.returncode}):\n"
-            f"{proc.stderr.strip()}\n{proc.stdout.strip()}"
-        )
-    return proc.stdout
+_EARLY = pytest.StashKey[EarlyStart]()
 
 
-def build_paths() -> dict[str, str]:
-    """Build (or reuse) the binaries; return the NAME=PATH lines of `cluster build`."""
-    out = run_driver("build", timeout=3600)
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
-
-@dataclass
-class Cluster:
-    """A running local control plane.
-
-    Attributes: state_dir, kubeconfig, kubectl_path, helm_path, bin_dir, env (os.environ plus
-    KUBECONFIG and bin_dir first on PATH: give it to subprocesses such as the operator), nodes,
-    racks ({rack: [node, ...]}), gpus_per_node, kueue, zone_key, rack_key, nvlink_key,
-    gpu_resource, shared_storage_class, default_storage_class, pvs, info (cluster.json).
-    """
-
-    state_dir: Path
-    info: dict[str, Any]
-    owned: bool = True
-    _down: bool = field(default=False, repr=False)
-
-    # -- identity -----------------------------------------------------------------------------
-    @property
-    def kubeconfig(self) -> Path:
-        return Path(self.info["kubeconfig"])
-
-    @property
-    def server(self) -> str:
-        return str(self.info["server"])
-
-    @property
-    def bin_dir(self) -> Path:
-        return Path(self.info["bin_dir"])
-
-    @property
-    def kubectl_path(self) -> Path:
-        return Path(self.info["kubectl"])
-
-    @property
-    def helm_path(self) -> Path:
-        return Path(self.info["helm"])
-
-    @property
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env["KUBECONFIG"] = str(self.kubeconfig)
-        env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
-        return env
-
-    @property
-    def nodes(self) -> list[str]:
-        return list(self.info["nodes"])
-
-    @property
-    def gpus_per_node(self) -> int:
-        return int(self.info["gpus_per_node"])
-
-    @property
-    def kueue(self) -> bool:
-        return bool(self.info["kueue"])
-
-    @property
-    def zone_key(self) -> str:
-        return str(self.info["labels"]["zone"])
-
-    @property
-    def rack_key(self) -> str:
-        return str(self.info["labels"]["rack"])
-
-    @property
-    def nvlink_key(self) -> str:
-        return str(self.info["labels"]["nvlink"])
-
-    @property
-    def gpu_resource(self) -> str:
-        return str(self.info["labels"]["gpu_resource"])
-
-    @property
-    def default_storage_class(self) -> str:
-        return str(self.info["storage_classes"]["default"])
-
-    @property
-    def shared_storage_class(self) -> str:
-        return str(self.info["storage_classes"]["shared"])
-
-    @property
-    def pvs(self) -> list[str]:
-        return list(self.info["pvs"])
-
-    @property
-    def racks(self) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
-        for node in self.kubectl_json("get", "nodes")["items"]:
-            rack = node["metadata"]["labels"].get(self.rack_key)
-            if rack:
-                out.setdefault(rack, []).append(node["metadata"]["name"])
-        return {k: sorted(v) for k, v in sorted(out.items())}
-
-    # -- tools --------------------------------------------------------------------------------
-    def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
-    ) -> subprocess.CompletedProcess[str]:
-        """Run kubectl against this cluster. With check=True a failure raises with its stderr."""
-        proc = subprocess.run(
-            [str(self.kubectl_path), f"--kubeconfig={self.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(
-                f"kubectl {' '.join(args)} failed (exit {proc.returncode}): {proc.stderr.strip()}"
-            )
-        return proc
-
-    def kubectl_json(self, *args: str) -> Any:
-        return json.loads(self.kubectl(*args, "-o", "json").stdout)
-
-    def apply(self, manifest: str | dict[str, Any], namespace: str | None = None) -> None:
-        """kubectl apply -f - (a YAML/JSON string or one object as a dict)."""
-        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
-        ns = [f"--namespace={namespace}"] if namespace else []
-        self.kubectl("apply", *ns, "-f", "-", input=text)
-
-    def helm(
-        self, *args: str, check: bool = True, timeout: float = 120
-    ) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [str(self.helm_path), f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            env=self.env,
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed: {proc.stderr.strip()}")
-        return proc
-
-    def driver(self, *args: str, timeout: float = 120) -> str:
-        """Run a `cluster` subcommand against this cluster's state dir."""
-        return run_driver(*args, "--state", str(self.state_dir), timeout=timeout)
-
-    def api_client(self) -> Any:
-        """A kubernetes.client.ApiClient for this cluster (the `kubernetes` package)."""
-        from kubernetes import config
-
-        return config.new_client_from_config(  # type: ignore[no-untyped-call,unused-ignore]
-            config_file=str(self.kubeconfig)
-        )
-
-    # -- faults -------------------------------------------------------------------------------
-    def fail_pod(
-        self,
-        namespace: str,
-        name: str,
-        exit_code: int = 1,
-        reason: str = "Error",
-        wait: bool = True,
-    ) -> None:
-        """Running -> Failed with this container exit code (kwok chaos stage)."""
-        args = [
-            "fail-pod",
-            f"{namespace}/{name}",
-            "--exit-code",
-            str(exit_code),
-            "--reason",
-            reason,
-        ]
-        self.driver(*args, *([] if wait else ["--no-wait"]))
-
-    def complete_pod(self, namespace: str, name: str, wait: bool = True) -> None:
-        """Running -> Succeeded with exit code 0."""
-        self.driver("complete-pod", f"{namespace}/{name}", *([] if wait else ["--no-wait"]))
-
-    def evict_pod(self, namespace: str, name: str) -> None:
-        """Evict through the Eviction API: the pod gets DisruptionTarget, then goes away."""
-        self.driver("evict-pod", f"{namespace}/{name}")
-
-    def fail_node(self, name: str, wait: bool = True) -> None:
-        """Node Ready=False (kwok chaos stage); after the not-ready toleration (30 s) the
-        taint-eviction controller evicts its pods with DisruptionTarget."""
-        self.driver("fail-node", name, *([] if wait else ["--no-wait"]))
-
-    def recover_node(self, name: str, wait: bool = True) -> None:
-        self.driver("recover-node", name, *([] if wait else ["--no-wait"]))
-
-    # -- waiting ------------------------------------------------------------------------------
-    @staticmethod
-    def wait(
-        predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.25, what: str = ""
-    ) -> Any:
-        """Poll until predicate() returns something truthy; return it. Fails on timeout."""
-        deadline = time.monotonic() + timeout
-        while True:
-            result = predicate()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
-            time.sleep(interval)
-
-    def pod(self, namespace: str, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.kubectl_json("get", "pod", "-n", namespace, name)
-        return result
-
-    def pod_phase(self, namespace: str, name: str) -> str:
-        return str(self.pod(namespace, name).get("status", {}).get("phase", ""))
-
-    def wait_pod_phase(
-        self, namespace: str, name: str, phase: str, timeout: float = 30
-    ) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
-            pod = self.pod(namespace, name)
-            return pod if pod.get("status", {}).get("phase") == phase else None
-
-        result: dict[str, Any] = self.wait(check, timeout, what=f"pod {namespace}/{name} {phase}")
-        return result
-
-    # -- lifecycle ----------------------------------------------------------------------------
-    def down(self) -> None:
-        if self.owned and not self._down:
-            run_driver("down", "--state", str(self.state_dir), timeout=120)
-        self._down = True
-
-
-def start_cluster(state_dir: Path, args: Sequence[str], timeout: float = 600) -> Cluster:
-    """`cluster up`; on failure the driver has already stopped what it started."""
-    out = run_driver("up", "--state", str(state_dir), *args, timeout=timeout)
-    last = out.strip().splitlines()[-1]
-    assert re.fullmatch(r"KUBECONFIG=\S+", last), f"unexpected last line of `cluster up`: {last!r}"
-    info = json.loads((state_dir / "cluster.json").read_text())
-    return Cluster(state_dir=state_dir, info=info)
-
-
-def _running(state_dir: Path) -> bool:
-    if not (state_dir / "cluster.json").is_file():
-        return False
-    out = subprocess.run(
-        [str(DRIVER), "status", "--state", str(state_dir)],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    lines = [line for line in out.splitlines() if " pid " in line]
-    return bool(lines) and all(line.rstrip().endswith("running") for line in lines)
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "")
-    return int(raw) if raw.strip() else default
+def start_real_cluster_early(session: pytest.Session, now: bool = False) -> None:
+    """Start the real cluster in the background if this session has real-node tests to run.
+    Under xdist only the worker that runs them starts it (`now`, from the fixture): there they
+    have a worker of their own from the start (tests/conftest.py's groups)."""
+    if _EARLY in session.stash or not real_nodes_requested():
+        return
+    if now or (
+        not hasattr(session.config, "workerinput") and any(map(uses_real_nodes, session.items))
+    ):
+        session.stash[_EARLY] = EarlyStart()
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Cluster]:
+    start_real_cluster_early(request.session)
     build_paths()
     reuse = os.environ.get("MEGATRON_CLUSTER_STATE", "").strip()
     if reuse and _running(Path(reuse).resolve()):
@@ -417,3 +201,81 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A real cluster started early whose tests never ran (deselected, -x): down it too."""
+    early = session.stash.get(_EARLY, None)
+    if early is None:
+        return
+    early.thread.join()
+    c = early.cluster
+    if c is not None and c.state_dir.exists():
+        c.down()
+        shutil.rmtree(c.state_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
+    """The session's one cluster with real nodes (see the module docstring)."""
+    if not real_nodes_requested():
+        pytest.skip(SKIP_REASON)
+    start_real_cluster_early(request.session, now=True)
+    c = request.session.stash[_EARLY].result()
+    try:
+        yield c
+    finally:
+        c.down()
+        try:
+            assert_nothing_left(c)
+        finally:
+            shutil.rmtree(c.state_dir, ignore_errors=True)
+
+
+OPERATOR_NS = "megatron-system"
+OPERATOR_NODE = "real-node-0"
+CHART = REPO / "charts" / "megatron-operator"
+
+
+@pytest.fixture(scope="session")
+def real_operator(real_cluster: RealCluster) -> Iterator[RealCluster]:
+    """`helm install` of the chart, with the operator image built from Dockerfile.operator,
+    pinned to real-node-0 (a test that loses a node never takes the operator with it)."""
+    c = real_cluster
+    repo, tag = c.image("operator").rsplit(":", 1)
+    c.kubectl("create", "namespace", OPERATOR_NS)
+    c.helm(
+        "install",
+        "mo",
+        str(CHART),
+        "-n",
+        OPERATOR_NS,
+        "--set",
+        f"image.repository={repo}",
+        "--set",
+        f"image.tag={tag}",
+        "--set-string",
+        f"nodeSelector.kubernetes\\.io/hostname={OPERATOR_NODE}",
+        "--set",
+        "resources.requests.cpu=100m",
+        "--set",
+        "nodeLostGraceSeconds=10",
+        "--wait",
+        "--timeout",
+        "300s",
+        timeout=330,
+    )
+    try:
+        yield c
+    finally:
+        logs = c.kubectl(
+            "logs",
+            "-n",
+            OPERATOR_NS,
+            "-l",
+            "app.kubernetes.io/name=megatron-operator",
+            "--tail",
+            "200",
+            check=False,
+        )
+        print("--- operator log (tail)\n" + logs.stdout + logs.stderr, file=sys.stderr)

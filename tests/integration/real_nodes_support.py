@@ -1,6 +1,7 @@
-"""Fixtures and helpers for tests on real nodes (`cluster up --real-nodes N`).
+"""Helpers for tests on real nodes (`cluster up --real-nodes N`); the fixtures that use them,
+`real_cluster` and `real_operator`, are in conftest.py (one cluster for the whole session).
 
-A real node is a network namespace with its own containerd and kubelet (tests/cluster/nodes.py);
+A real node is a network namespace with its own containerd and kubelet (tests/cluster/realnodes.py);
 the images come from `cluster images` and are imported into every node, so pods use them with
 imagePullPolicy IfNotPresent and no registry.
 """
@@ -12,20 +13,38 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from .conftest import Cluster, build_paths, start_cluster
+from .cluster_support import Cluster, build_paths, start_cluster
 
 REAL_LABEL = "megatron.dev/test-node"
-# Real nodes are opt-in: they need root, containerd, runc, buildah, debootstrap and the CNI
-# plugins (Debian packages), about 40 GB of disk and ~25 min, and the cold build of their
-# images and binaries does not fit CI's budget yet (docs/e2e.md says why, with the figures).
+# Real nodes run by default (CI included): they are what shows the product working as users run
+# it. MEGATRON_REAL_NODES=0 skips them, for a developer without root or the disk they take.
 REAL_NODES_ENV = "MEGATRON_REAL_NODES"
+SKIP_REASON = (
+    f"{REAL_NODES_ENV}=0: the real-node tests are skipped on request "
+    "(without it they run: root, ~25 GB of disk under /tmp; see docs/e2e.md)"
+)
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+# The session's real cluster: 1 kwok node and 3 real ones (two for a 2-pod job, one spare for
+# node loss; real-node-0 also runs the operator).
+REAL_NODE_COUNT = 3
+
+
+def real_nodes_requested() -> bool:
+    return os.environ.get(REAL_NODES_ENV, "").strip() != "0"
+
+
+REAL_FIXTURE = "real_cluster"
+
+
+def uses_real_nodes(item: Any) -> bool:
+    """Whether a collected test uses the session's real cluster (directly or through
+    real_operator)."""
+    return REAL_FIXTURE in getattr(item, "fixturenames", ())
 
 
 class RealCluster(Cluster):
@@ -50,6 +69,13 @@ class RealCluster(Cluster):
     def kill_node(self, name: str, timeout: int = 120) -> str:
         return str(self.driver("kill-node", name, "--timeout", str(timeout), timeout=timeout + 30))
 
+    def restart_node(self, name: str, timeout: int = 120) -> str:
+        """Bring a killed node back (containerd with its images, then its kubelet); waits until
+        it is Ready and untainted, so the next test finds the session's cluster whole."""
+        return str(
+            self.driver("restart-node", name, "--timeout", str(timeout), timeout=timeout + 30)
+        )
+
     def logs(self, namespace: str, pod: str) -> str:
         return str(self.kubectl("logs", "-n", namespace, pod).stdout)
 
@@ -62,46 +88,76 @@ class RealCluster(Cluster):
         return result
 
 
-def real_cluster_with(real_nodes: int) -> Iterator[RealCluster]:
+def start_real_cluster(real_nodes: int = REAL_NODE_COUNT) -> RealCluster:
     """A cluster of 1 kwok node and `real_nodes` real ones, with a short node-monitor grace
-    period (so a killed node is NotReady in ~15 s); downed at the end."""
-    if os.environ.get(REAL_NODES_ENV) != "1":
-        pytest.skip(
-            f"real nodes are opt-in: {REAL_NODES_ENV}=1 (root, containerd, buildah, ~40 GB of "
-            "disk, ~25 min); not in CI yet, see docs/e2e.md"
+    period (a killed node is NotReady in ~15 s)."""
+    if os.geteuid() != 0:
+        raise RuntimeError(
+            "real nodes need root (network namespaces, mounts, cgroups, containerd); "
+            f"run as root, or set {REAL_NODES_ENV}=0 to skip the real-node tests"
         )
     build_paths()
     state = Path(tempfile.mkdtemp(prefix="megatron-real-"))
-    c = start_cluster(
-        state,
-        [
-            "--nodes",
-            "1",
-            "--gpus-per-node",
-            "0",
-            "--nodes-per-rack",
-            "2",
-            "--real-nodes",
-            str(real_nodes),
-            "--node-monitor-grace-period",
-            "15",
-            "--timeout",
-            "900",
-        ],
-        timeout=1000,
-    )
-    rc = RealCluster(state_dir=c.state_dir, info=c.info)
     try:
-        yield rc
-    finally:
-        rc.down()
+        c = start_cluster(
+            state,
+            [
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                "0",
+                "--nodes-per-rack",
+                "2",
+                "--real-nodes",
+                str(real_nodes),
+                "--node-monitor-grace-period",
+                "15",
+                "--timeout",
+                "900",
+            ],
+            timeout=1800,
+        )
+    except BaseException:
         shutil.rmtree(state, ignore_errors=True)
+        raise
+    return RealCluster(state_dir=c.state_dir, info=c.info)
 
 
-@pytest.fixture(scope="module")
-def real_cluster() -> Iterator[RealCluster]:
-    """One cluster per test module with 2 real nodes. The last test of a module may down it."""
-    yield from real_cluster_with(2)
+class EarlyStart:
+    """`cluster up --real-nodes` in a thread, started as soon as the session knows it will need
+    real nodes: importing the images into the nodes is minutes of disk and decompression that
+    overlap the tests running before the real-node ones (which pytest runs last)."""
+
+    def __init__(self) -> None:
+        self.cluster: RealCluster | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="real-cluster-up", daemon=True)
+        self.started = time.monotonic()
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.cluster = start_real_cluster()
+        except BaseException as e:  # re-raised by result(), in the test that needs it
+            self.error = e
+
+    def result(self) -> RealCluster:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.cluster is not None
+        return self.cluster
+
+
+def assert_nothing_left(c: RealCluster) -> None:
+    """After `down`: no process, namespace, mount, link or state file of the real nodes."""
+    ours = {c.real["fabric_netns"], *(n["netns"] for n in c.real["nodes"])}
+    assert ours.isdisjoint(netns_list())
+    assert mounts_under(c.state_dir) == []
+    assert processes_mentioning(str(c.state_dir)) == []
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    assert "cni0" not in links and "br0" not in links  # nothing of ours in the root namespace
+    assert not (c.state_dir / "real-nodes.json").exists()
 
 
 def pod(

@@ -1,13 +1,14 @@
 """The whole job for real: the chart's operator pod, trainer pods on real kubelets, a shared
 checkpoint volume, gang restart and exact resume (issue 11's acceptance).
 
-One cluster for the module: 1 kwok node and 3 real nodes (the third is the spare capacity for
-the node-loss test). The operator is installed with `helm install` from charts/megatron-operator
-with the image `cluster images` built from Dockerfile.operator, pinned to real-node-0 so that
-losing another node never takes the operator with it. Every job runs the trainer image built
-from Dockerfile.trainer (CPU torch, gloo) on the real nodes only.
+The session's real cluster (`real_operator`, conftest.py): 1 kwok node and 3 real nodes (the
+third is the spare capacity for the node-loss test), the operator installed with `helm install`
+from charts/megatron-operator with the image built from Dockerfile.operator, pinned to
+real-node-0 so that losing another node never takes the operator with it. Every job runs the
+trainer image built from Dockerfile.trainer (CPU torch, gloo) on the real nodes only.
 
-Losses are compared with `mjob run --local` of the same spec, step by step. The cluster's come
+Losses are compared with `mjob run --local` of the same job, step by step; the scenarios train
+the same 30 steps, so that local reference is computed once (`local_losses`). The cluster's come
 from rank 0's `MEGATRON_PROGRESS` lines, followed live with `kubectl logs -f`: a restart deletes
 the old attempt's pods, and their logs with them.
 """
@@ -21,73 +22,22 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from .real_nodes_support import REAL_LABEL, RealCluster, real_cluster_with
+from .conftest import OPERATOR_NODE
+from .real_nodes_support import REAL_LABEL, RealCluster, processes_mentioning
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "megatron-operator"
-OPERATOR_NS = "megatron-system"
-OPERATOR_NODE = "real-node-0"
 PROGRESS = "MEGATRON_PROGRESS "
 JOB_LABEL = "megatron.dev/job-name"
 RANK_LABEL = "megatron.dev/node-rank"
 ATTEMPT_LABEL = "megatron.dev/restart-attempt"
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def e2e() -> Iterator[RealCluster]:
-    yield from real_cluster_with(3)
-
-
-@pytest.fixture(scope="module")
-def operator(e2e: RealCluster) -> Iterator[RealCluster]:
-    """`helm install` of the chart with the locally built operator image."""
-    c = e2e
-    repo, tag = c.image("operator").rsplit(":", 1)
-    c.kubectl("create", "namespace", OPERATOR_NS)
-    c.helm(
-        "install",
-        "mo",
-        str(CHART),
-        "-n",
-        OPERATOR_NS,
-        "--set",
-        f"image.repository={repo}",
-        "--set",
-        f"image.tag={tag}",
-        "--set-string",
-        f"nodeSelector.kubernetes\\.io/hostname={OPERATOR_NODE}",
-        "--set",
-        "resources.requests.cpu=100m",
-        "--set",
-        "nodeLostGraceSeconds=10",
-        "--wait",
-        "--timeout",
-        "300s",
-        timeout=330,
-    )
-    try:
-        yield c
-    finally:
-        logs = c.kubectl(
-            "logs",
-            "-n",
-            OPERATOR_NS,
-            "-l",
-            "app.kubernetes.io/name=megatron-operator",
-            "--tail",
-            "200",
-            check=False,
-        )
-        print("--- operator log (tail)\n" + logs.stdout + logs.stderr, file=sys.stderr)
 
 
 def spec(trainer_image: str, **changes: Any) -> dict[str, Any]:
@@ -170,6 +120,8 @@ class Rank0Logs:
         self.records: list[dict[str, Any]] = []
         self.lines: list[str] = []
         self.followed: set[str] = set()
+        self.procs: list[subprocess.Popen[str]] = []
+        self.threads: list[threading.Thread] = []
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._watch, daemon=True)
@@ -198,7 +150,9 @@ class Rank0Logs:
                     )
                     if started and name not in self.followed:
                         self.followed.add(name)
-                        threading.Thread(target=self._follow, args=(name,), daemon=True).start()
+                        t = threading.Thread(target=self._follow, args=(name,), daemon=True)
+                        self.threads.append(t)
+                        t.start()
             time.sleep(0.5)
 
     def _follow(self, pod: str) -> None:
@@ -206,6 +160,8 @@ class Rank0Logs:
         with subprocess.Popen(
             argv, env=self.c.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         ) as proc:
+            with self.lock:
+                self.procs.append(proc)
             assert proc.stdout is not None
             for line in proc.stdout:
                 with self.lock:
@@ -225,11 +181,45 @@ class Rank0Logs:
             return "\n".join(self.lines)
 
     def close(self) -> None:
+        """Stop watching. A follower ends by itself when its container has ended (its last
+        lines are read first); one still running after 15 s (a pod on a lost node) is killed."""
         self.stop.set()
+        self.thread.join()
+        deadline = time.monotonic() + 15
+        with self.lock:
+            procs = list(self.procs)
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for t in self.threads:
+            t.join(timeout=5)
+
+
+# What does not change a job's losses: where it runs, when it checkpoints, when it is deleted.
+NOT_NUMERICS = (
+    ("resources", "nodeSelector"),
+    ("checkpoint", "saveInterval"),
+    ("checkpoint", "volume"),
+)
+_LOCAL: dict[str, dict[int, float]] = {}
 
 
 def local_losses(tmp: Path, name: str, s: dict[str, Any]) -> dict[int, float]:
-    """`mjob run --local` of the same spec: the reference curve."""
+    """`mjob run --local` of the same spec: the reference curve. Computed once per distinct
+    training (the spec less what does not change the losses) and reused by the scenarios."""
+    local = copy.deepcopy(s)
+    local.pop("ttlSecondsAfterFinished", None)
+    for section, key in NOT_NUMERICS:
+        local[section].pop(key, None)
+    key = json.dumps(local, sort_keys=True)
+    if key not in _LOCAL:
+        _LOCAL[key] = run_local(tmp, name, s)
+    return _LOCAL[key]
+
+
+def run_local(tmp: Path, name: str, s: dict[str, Any]) -> dict[int, float]:
     local = copy.deepcopy(s)
     local["resources"].pop("nodeSelector", None)
     path = tmp / f"{name}.yaml"
@@ -316,13 +306,13 @@ def checkpoint_dir_on_host(c: RealCluster, ns: str, job: str) -> Path:
 
 
 def test_main_scenario_sigkill_gang_restart_exact_resume(
-    operator: RealCluster, tmp_path: Path
+    real_operator: RealCluster, tmp_path: Path
 ) -> None:
     """kubectl apply → pods Running on two real nodes → progress through rank 0's own identity →
     SIGKILL one rank's container → one gang restart → resume from the newest complete checkpoint
     → Succeeded, restarts 1, the same losses as `mjob run --local` → TTL-deleted, its
     checkpoint claim and the checkpoints on it kept."""
-    c = operator
+    c = real_operator
     ns = new_ns(c, "main")
     s = spec(c.image("trainer"), ttlSecondsAfterFinished=15)
     c.apply(job_doc("tiny", s), ns)
@@ -374,12 +364,12 @@ def test_main_scenario_sigkill_gang_restart_exact_resume(
 
 
 def test_suspend_checkpoints_within_the_grace_period_and_resumes_there(
-    operator: RealCluster, tmp_path: Path
+    real_operator: RealCluster, tmp_path: Path
 ) -> None:
-    c = operator
+    c = real_operator
     ns = new_ns(c, "pause")
     # No periodic checkpoint: the only one is what SIGTERM makes the trainer write.
-    s = spec(c.image("trainer"), **{"training.trainIters": 40, "checkpoint.saveInterval": 1000})
+    s = spec(c.image("trainer"), **{"checkpoint.saveInterval": 1000})
     c.apply(job_doc("pause", s), ns)
     logs = Rank0Logs(c, ns, "pause")
     try:
@@ -394,7 +384,7 @@ def test_suspend_checkpoints_within_the_grace_period_and_resumes_there(
         c.wait(lambda: not pods_of(c, ns, "pause"), 120, 1.0, "the suspended job's pods to go")
         tracker = checkpoint_dir_on_host(c, ns, "pause") / "latest_checkpointed_iteration.txt"
         saved = int(tracker.read_text().strip())
-        assert 6 <= saved < 40
+        assert 6 <= saved < 30
         assert f"SIGTERM: saved iteration {saved}; exiting with 143" in logs.text()
         c.kubectl(
             "patch", "mj", "-n", ns, "pause", "--type=merge", "-p", '{"spec":{"suspend":false}}'
@@ -406,15 +396,17 @@ def test_suspend_checkpoints_within_the_grace_period_and_resumes_there(
         assert min(r["iteration"] for r in resumed) == saved + 1, logs.text()[-3000:]
     finally:
         logs.close()
-    worst = assert_same_curve(logs.losses, local_losses(tmp_path, "pause", s), 40)
+    worst = assert_same_curve(logs.losses, local_losses(tmp_path, "pause", s), 30)
     print(f"suspend: saved at iteration {saved} on SIGTERM, resumed there; worst {worst:.1e}")
     c.kubectl("delete", "namespace", ns, "--wait=false")
 
 
-def test_bad_config_fails_with_the_trainers_exit_code_and_message(operator: RealCluster) -> None:
+def test_bad_config_fails_with_the_trainers_exit_code_and_message(
+    real_operator: RealCluster,
+) -> None:
     """The trainer refuses a checkpoint directory it cannot write (a claim whose root is not
     writable by uid 1000): the job fails at once, with exit code 78 and the trainer's words."""
-    c = operator
+    c = real_operator
     ns = new_ns(c, "bad")
     c.apply(
         {
@@ -444,24 +436,36 @@ def test_bad_config_fails_with_the_trainers_exit_code_and_message(operator: Real
 
 
 def test_node_loss_restarts_on_the_remaining_nodes_with_the_same_curve(
-    operator: RealCluster, tmp_path: Path
+    real_operator: RealCluster, tmp_path: Path
 ) -> None:
-    """kill-node on a node running a rank (never the operator's): the gang restarts; the pod
-    stranded on the dead node is force-deleted once the node counts as lost (its kubelet will
-    never confirm the delete), and the next attempt runs on the other two real nodes."""
-    c = operator
+    """kill-node on a node running a rank (never the operator's): nothing of that node runs any
+    more (kubelet, containerd, shims, containers) and it goes NotReady while the others stay
+    Ready; the gang restarts; the pod stranded on the dead node is force-deleted once the node
+    counts as lost (its kubelet will never confirm the delete), and the next attempt runs on the
+    other two real nodes. The node is restarted at the end, for the session's next tests."""
+    c = real_operator
     ns = new_ns(c, "lost")
     s = spec(c.image("trainer"))
     # The operator's node keeps a rank only if it must: the lost node must not be the operator's.
     s["resources"]["nodeSelector"] = {REAL_LABEL: "real"}
     c.apply(job_doc("lost", s), ns)
     logs = Rank0Logs(c, ns, "lost")
+    killed = ""
     try:
         wait_phase(c, ns, "lost", {"Running"}, 300)
         wait_iteration(c, ns, "lost", 8, 300)
         pods = pods_of(c, ns, "lost", 0)
         victim = next(p["spec"]["nodeName"] for p in pods if p["spec"]["nodeName"] != OPERATOR_NODE)
-        c.kill_node(victim, timeout=120)
+        killed = victim
+        out = c.kill_node(victim, timeout=120)
+        assert f"kubelet-{victim}" in out and f"containerd-{victim}" in out, out
+        assert f"{victim} Ready=" in out and "Ready=True" not in out, out
+        node = next(n for n in c.real["nodes"] if n["name"] == victim)
+        assert processes_mentioning(node["containerd_socket"]) == []
+        assert processes_mentioning(f"--hostname-override={victim}") == []
+        for other in set(c.real_nodes) - {victim}:
+            conds = c.kubectl_json("get", "node", other)["status"]["conditions"]
+            assert {x["type"]: x["status"] for x in conds}["Ready"] == "True", other
         done = wait_phase(c, ns, "lost", {"Succeeded", "Failed"}, 900)
         assert done["phase"] == "Succeeded", done
         assert done["restarts"] == 1, done
@@ -476,6 +480,8 @@ def test_node_loss_restarts_on_the_remaining_nodes_with_the_same_curve(
         assert victim in events
     finally:
         logs.close()
+        if killed:
+            c.restart_node(killed)
     worst = assert_same_curve(logs.losses, local_losses(tmp_path, "lost", s), 30)
     print(
         f"node loss: {victim} killed, restarted on {sorted(p['spec']['nodeName'] for p in again)}"

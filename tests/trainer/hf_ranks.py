@@ -19,8 +19,10 @@ Top-level imports are light: the tests import `sample_tokens` and `run_ranks` fr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -84,6 +86,7 @@ def run_ranks(
                 subprocess.Popen(
                     [sys.executable, "-m", "tests.trainer.hf_ranks", str(steps_path)],
                     cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True,  # a timeout kills the rank with its helpers
                 )
             )  # fmt: skip
         logs.append(log_path)
@@ -92,8 +95,11 @@ def run_ranks(
         try:
             codes.append(proc.wait(timeout=max(1.0, timeout - (time.monotonic() - started))))
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             codes.append(proc.wait())
+    for proc in procs:  # helpers a rank left in its group (one that crashed before its atexit)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     output = "".join(f"--- {p.name}\n{p.read_text()}" for p in logs)
     assert codes == [0] * world, f"exit codes {codes}\n{output[-6000:]}"
     return output
@@ -235,7 +241,9 @@ def _run(steps: list[dict[str, Any]]) -> int:
 
 
 if __name__ == "__main__":
-    code = _run(json.loads(Path(sys.argv[1]).read_text()))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    from megatron_trainer.worker import _exit
+
+    # As a rank does: atexit handlers first. Among them multiprocessing's, which stops the
+    # spawn-context Manager process Megatron-Core's checkpoint writer starts on the first save;
+    # a bare os._exit left one orphaned Manager per rank and run.
+    _exit(_run(json.loads(Path(sys.argv[1]).read_text())))

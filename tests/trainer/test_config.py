@@ -146,9 +146,9 @@ def test_impossible_layouts(change: dict[str, dict[str, Any]], expected: str) ->
     [
         (
             "parallelism",
-            "expert",
-            2,
-            "parallelism.expert: expert parallelism is CUDA-only",
+            "sequenceParallel",
+            True,
+            "parallelism.sequenceParallel: sequence parallelism needs Transformer Engine",
         ),
         (
             "parallelism",

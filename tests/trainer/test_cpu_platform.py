@@ -1,9 +1,9 @@
 """The CPU platform's Megatron-Core patches (megatron_trainer/platform/cpu.py) are needed and
 sufficient.
 
-Sufficient: a run that touches every patched path (MoE, PP=2 with interleaving, DP=2, async
-torch_dist saves in the fully_reshardable format, SIGTERM, and a resume onto a different pipeline
-layout) trains and resumes on CPU.
+Sufficient: a run that touches every patched path (MoE with expert parallelism 2, PP=2 with
+interleaving, DP=2, async torch_dist saves in the fully_reshardable format, SIGTERM, and a resume
+onto a different pipeline layout) trains and resumes on CPU.
 Needed: every patch was used by that run (each use is a CUDA call that raises on a machine without
 a GPU, shown here for each module's stand-in), and the pin to Megatron-Core 0.16.1 holds.
 """
@@ -31,10 +31,12 @@ MOE = {
 
 
 def moe_config(ckpt: Path, pp: int, vpp: int | None) -> dict[str, object]:
+    """MoE with expert parallelism 2 on 4 ranks."""
     cfg = tiny_config(
         ckpt, pp=pp, dp=4 // pp, vpp=vpp, trainIters=6, warmupIters=1, save_interval=3
     )
     cfg["model"]["moe"] = MOE
+    cfg["parallelism"].update(expert=2, expertData=4 // pp // 2)
     cfg["checkpoint"].update(shardingType="fully_reshardable", **{"async": True})
     return cfg
 

@@ -1,6 +1,8 @@
 """Checks that need CUDA (issue 12, "GPU readiness"), marked `gpu`; skipped without a GPU.
 
-Run on a machine with one GPU: `pytest -m gpu tests/trainer/test_gpu.py`. Each run is a real
+Run on a machine with one GPU: `pytest -m gpu tests/trainer/test_gpu.py`. Not run where this was
+written (no GPU was lent): fp16 with the dynamic loss scaler, and an error exit with the
+persistent writer alive, are covered on CPU only by test_gpu_config and test_non_finite. Each run is a real
 `python -m megatron_trainer` on NCCL with one rank, as a one-GPU pod would run it.
 """
 
@@ -14,12 +16,12 @@ from typing import Any
 import pytest
 import torch
 
-from megatron_contract.env import INJECT_NAN_LOSS
+from megatron_contract.env import INJECT_FAILURE, INJECT_NAN_LOSS
 from megatron_contract.exitcodes import ExitCode
 from megatron_trainer.checkpoint import TRACKER, iteration_dir, read_tracker
 
 from .trainer_configs import tiny_config
-from .trainer_runs import run_trainer
+from .trainer_runs import processes_with_env, run_trainer
 
 pytestmark = [
     pytest.mark.trainer,
@@ -97,3 +99,41 @@ def test_nan_loss_exits_non_finite_before_saving(workdir: Path) -> None:
     assert run.returncode == ExitCode.NON_FINITE, run.output[-4000:]
     assert read_tracker(ckpt) == 2
     assert not iteration_dir(ckpt, 3).exists()
+
+
+def test_fp16_overflows_go_to_the_dynamic_loss_scaler(workdir: Path) -> None:
+    """fp16 starts at loss scale 2^32, so the first steps' gradients overflow by design: the
+    scaler skips them and lowers the scale (no exit 17), and the loss then falls."""
+    cfg = gpu_config(workdir / "ckpt", trainIters=60, save_interval=100)
+    cfg["training"]["precision"] = "fp16"
+    run = run_trainer(cfg, workdir)
+    assert run.returncode == 0, run.output[-4000:]
+    assert "gradients overflowed at loss scale 4294967296.0; step skipped" in run.output
+    losses = run.losses()
+    assert sorted(losses) == list(range(1, 61))
+    assert all(math.isfinite(v) for v in losses.values())
+    assert losses[60] < losses[1] - 0.5, losses
+
+
+def test_error_exit_with_the_persistent_writer_alive(workdir: Path) -> None:
+    """An uncaught error after an async save: the rank kills its writer and exits 1 at once,
+    instead of waiting forever in multiprocessing's exit handler."""
+    cfg = gpu_config(workdir / "ckpt", trainIters=6, save_interval=2)
+    cfg["checkpoint"].update(keep=0, **{"async": True})
+    run = run_trainer(cfg, workdir, extra_env={INJECT_FAILURE: "3:0:RAISE"}, timeout=240)
+    assert run.returncode == 1, run.output[-4000:]
+    assert "checkpoint 2: async save started" in run.output
+    assert "killing the async checkpoint writer" in run.output
+    assert processes_with_env(str(workdir)) == []
+
+
+def test_megatron_fsdp_trains_on_one_gpu(workdir: Path) -> None:
+    """parallelism.fsdp: the model wrapped in Megatron FSDP (optim_grads_params) trains, saves
+    and resumes; on CPU Megatron-Core 0.16.1's FSDP cannot run (it creates CUDA streams)."""
+    cfg = gpu_config(workdir / "ckpt", trainIters=10, save_interval=5)
+    cfg["parallelism"]["fsdp"] = True
+    run = run_trainer(cfg, workdir)
+    assert run.returncode == 0, run.output[-4000:]
+    assert "FullyShardedDataParallel" in run.output or run.losses()
+    assert sorted(run.losses()) == list(range(1, 11))
+    assert read_tracker(workdir / "ckpt") == 10

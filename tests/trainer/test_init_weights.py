@@ -37,7 +37,7 @@ def trained_tp2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def exported(trained_tp2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("export") / "hf"
-    assert export_hf(trained_tp2, out).name == "iter_0000002"
+    assert Path(export_hf(trained_tp2, out)).name == "iter_0000002"
     return out
 
 
@@ -67,7 +67,7 @@ def test_weights_from_a_tp2_checkpoint(
 
 def test_export_picks_iterations_and_shards(trained_tp2: Path, tmp_path: Path) -> None:
     first = tmp_path / "first"
-    assert export_hf(trained_tp2, first, iteration=1).name == "iter_0000001"
+    assert Path(export_hf(trained_tp2, first, iteration=1)).name == "iter_0000001"
     sharded = tmp_path / "sharded"
     export_hf(trained_tp2, sharded, iteration=1, max_shard_bytes=1_000_000)
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
@@ -125,8 +125,8 @@ def test_export_refuses_models_that_are_not_llama(trained_tp2: Path, tmp_path: P
 
 
 def test_init_path_rules(trained_tp2: Path, tmp_path: Path) -> None:
-    assert resolve_checkpoint(trained_tp2).name == "iter_0000002"  # the tracker's
-    assert resolve_checkpoint(trained_tp2 / "iter_0000001").name == "iter_0000001"
+    assert Path(resolve_checkpoint(trained_tp2)).name == "iter_0000002"  # the tracker's
+    assert Path(resolve_checkpoint(trained_tp2 / "iter_0000001")).name == "iter_0000001"
     with pytest.raises(ConfigError, match=r"checkpoint.init.megatron.path: .* is not a directory"):
         resolve_checkpoint(tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="is not a torch_dist checkpoint"):

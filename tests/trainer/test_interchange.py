@@ -1,5 +1,5 @@
-"""Our checkpoints as Megatron-LM reads them, per-stage seeds, per-save sharding and the LR
-schedule on resume (issue 12: Interchange, items 8, 9 and 11).
+"""What our checkpoints hold for Megatron-LM (its own loader runs in test_megatron_lm.py),
+per-stage seeds, per-save sharding and the LR schedule on resume.
 
 One PP=2 gloo run (3 steps, saves at 2 and 3) provides the checkpoints; a second run resumes it
 with a longer schedule.
@@ -7,17 +7,19 @@ with a longer schedule.
 
 from __future__ import annotations
 
+import io
 import re
 from argparse import Namespace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from torch.distributed.checkpoint import FileSystemReader
 
 from megatron_trainer.checkpoint import iteration_dir
 from megatron_trainer.interchange import ARCHITECTURE_ARGS
 
-from .megatron_lm_reader import MegatronLMRefuses, plan_load, run_args
 from .trainer_configs import tiny_config
 from .trainer_runs import Run, run_trainer
 
@@ -36,50 +38,27 @@ def pp2_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Run]:
     return workdir, run
 
 
+def sharded_objects(checkpoint: Path, key: str) -> dict[tuple[int, ...], Any]:
+    """The ShardedObject `key` of every rank, by global offset, read from the .distcp files (the
+    torch_dist strategy stores each as a torch.save'd list of one object)."""
+    metadata = FileSystemReader(str(checkpoint)).read_metadata()
+    found = {}
+    for index, info in metadata.storage_data.items():
+        if not index.fqn.startswith(f"{key}/shard_"):
+            continue
+        offset = tuple(int(x) for x in index.fqn.split("shard_")[1].split("_")[0].split("."))
+        with open(checkpoint / info.relative_path, "rb") as f:
+            f.seek(info.offset)
+            blob = f.read(info.length)
+        (found[offset],) = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    return found
+
+
 def common(path: Path) -> dict[str, object]:
     return dict(torch.load(path / "common.pt", map_location="cpu", weights_only=True))
 
 
-# -- Interchange: Megatron-LM's loader ------------------------------------------------------
-
-
-def test_megatron_lm_resumes_our_checkpoint_on_the_same_layout(
-    pp2_run: tuple[Path, Run],
-) -> None:
-    ckpt = pp2_run[0] / "ckpt"
-    plan = plan_load(ckpt, run_args(pipeline_model_parallel_size=2))
-    assert plan.iteration == ITERS
-    assert plan.checkpoint_version == 3.0
-    assert plan.consumed_train_samples == ITERS * 8  # global batch 8
-    assert plan.loads_rng and plan.loads_optimizer
-    assert plan.sharding_type == "fully_reshardable"  # the final save
-    assert sorted(plan.rng) == [(0, 0), (1, 0)]  # (pp, tp) shards
-
-
-def test_megatron_lm_flags_that_read_it(pp2_run: tuple[Path, Run]) -> None:
-    ckpt = pp2_run[0] / "ckpt"
-    # --finetune: weights only, iteration 0, no args check, no optimizer or RNG.
-    plan = plan_load(ckpt, run_args(finetune=True, tensor_model_parallel_size=2))
-    assert (plan.iteration, plan.loads_rng, plan.loads_optimizer) == (0, False, False)
-    # --no-load-rng / --no-load-optim
-    plan = plan_load(ckpt, run_args(pipeline_model_parallel_size=2, no_load_rng=True))
-    assert not plan.loads_rng and plan.loads_optimizer
-    # Another TP/PP: RNG ignored; the fully_reshardable optimizer reshards.
-    plan = plan_load(ckpt, run_args(tensor_model_parallel_size=2))
-    assert not plan.loads_rng and plan.loads_optimizer
-    assert "RNG state will be ignored" in plan.messages
-    # --ckpt-step 2 picks the periodic save: dp_reshardable, so a TP/PP change is refused
-    # unless the optimizer is left out.
-    with pytest.raises(MegatronLMRefuses, match="sharding type dp_reshardable"):
-        plan_load(ckpt, run_args(tensor_model_parallel_size=2, ckpt_step=2))
-    plan = plan_load(ckpt, run_args(tensor_model_parallel_size=2, ckpt_step=2, no_load_optim=True))
-    assert plan.iteration == 2
-    # Without --use-dist-ckpt (or --auto-detect-ckpt-format) Megatron-LM refuses torch_dist.
-    with pytest.raises(MegatronLMRefuses, match="--use-dist-ckpt"):
-        plan_load(ckpt, run_args(use_dist_ckpt=False))
-    # A different architecture fails check_checkpoint_args, naming the field.
-    with pytest.raises(MegatronLMRefuses, match="num_layers value from checkpoint"):
-        plan_load(ckpt, run_args(pipeline_model_parallel_size=2, num_layers=8))
+# -- Interchange: what Megatron-LM's loader reads (its own code runs in test_megatron_lm.py) ------
 
 
 def test_args_hold_what_use_checkpoint_args_copies(pp2_run: tuple[Path, Run]) -> None:
@@ -100,8 +79,9 @@ def test_args_hold_what_use_checkpoint_args_copies(pp2_run: tuple[Path, Run]) ->
 
 
 def test_pipeline_stages_are_seeded_apart(pp2_run: tuple[Path, Run]) -> None:
-    plan = plan_load(pp2_run[0] / "ckpt", run_args(pipeline_model_parallel_size=2))
-    stage0, stage1 = plan.rng[(0, 0)][0], plan.rng[(1, 0)][0]
+    rng = sharded_objects(iteration_dir(pp2_run[0] / "ckpt", ITERS), "rng_state")
+    assert sorted(rng) == [(0, 0), (1, 0)]  # (pp, tp) shards, as Megatron-LM's get_rng_state
+    stage0, stage1 = rng[(0, 0)][0], rng[(1, 0)][0]
     # seed + 100·pp_rank (Megatron-LM's _set_random_seed): the stages' generators differ, so on
     # GPU, where weights are drawn from them, the stages do not start from identical weights.
     assert not torch.equal(stage0["torch_rng_state"], stage1["torch_rng_state"])
@@ -133,32 +113,41 @@ def _lr_by_iteration(output: str) -> dict[int, float]:
     }
 
 
-def test_raising_train_iters_on_resume_changes_the_schedule(pp2_run: tuple[Path, Run]) -> None:
+def test_raising_train_iters_and_lr_on_resume_changes_the_schedule(
+    pp2_run: tuple[Path, Run],
+) -> None:
+    """The spec's schedule applies from the checkpoint's step: a longer decay, and a changed
+    lr/minLr (the optimizer's param groups hold the checkpoint's, which Megatron-Core's get_lr
+    prefers, so those are replaced too)."""
     workdir = pp2_run[0]
-    longer = tiny_config(workdir / "ckpt", pp=2, trainIters=2 * ITERS, save_interval=100)
+    longer = tiny_config(
+        workdir / "ckpt", pp=2, trainIters=2 * ITERS, save_interval=100, lr=2e-3, minLr=2e-4
+    )
     longer["checkpoint"].update(keep=0, shardingType="fully_reshardable")
     resumed = run_trainer(longer, workdir, name="longer")
     assert resumed.returncode == 0, resumed.output[-3000:]
     assert "RESUME: loading checkpoint iteration 3" in resumed.output
     gbs = 8
     assert (
-        f"lr_decay_steps: {ITERS * gbs} -> {2 * ITERS * gbs}; wd_incr_steps: {ITERS * gbs} -> "
-        f"{2 * ITERS * gbs}; continuing with this job's schedule from step {ITERS * gbs}"
+        f"max_lr: 0.001 -> 0.002; min_lr: 0.0001 -> 0.0002; lr_decay_steps: {ITERS * gbs} -> "
+        f"{2 * ITERS * gbs}; wd_incr_steps: {ITERS * gbs} -> {2 * ITERS * gbs}; continuing "
+        f"with this job's schedule from step {ITERS * gbs}"
     ) in resumed.output
     # The spec's cosine decay over 6 iterations: at iteration 4 (3 of 4 decay iterations done
     # after 2 warm-up) the LR is still well above min_lr; with the checkpoint's 3-iteration
     # schedule it would be min_lr (1e-4) from here on.
     lrs = _lr_by_iteration(resumed.output)
     assert sorted(lrs) == [4, 5, 6]
-    expected = _cosine_lr(iteration=4, train_iters=2 * ITERS)
-    assert lrs[4] == pytest.approx(expected, rel=1e-3)
-    assert lrs[4] > 2e-4
+    for iteration in (4, 5, 6):
+        expected = _cosine_lr(iteration, train_iters=2 * ITERS, max_lr=2e-3, min_lr=2e-4)
+        assert lrs[iteration] == pytest.approx(expected, rel=1e-3)
+    assert lrs[4] > 1e-3  # above the checkpoint's max_lr: the new lr took effect
 
 
-def _cosine_lr(iteration: int, train_iters: int) -> float:
-    """Megatron-Core's cosine schedule after `iteration` steps (warm-up 2, lr 1e-3 → 1e-4)."""
+def _cosine_lr(iteration: int, train_iters: int, max_lr: float, min_lr: float) -> float:
+    """Megatron-Core's cosine schedule after `iteration` steps (warm-up 2)."""
     import math
 
-    warmup, max_lr, min_lr = 2, 1e-3, 1e-4
+    warmup = 2
     ratio = (iteration - warmup) / (train_iters - warmup)
     return min_lr + (max_lr - min_lr) * 0.5 * (math.cos(math.pi * ratio) + 1.0)

@@ -51,10 +51,10 @@ def missing_data(cfg: dict[str, Any], tmp: Path) -> None:
     )
 
 
-def expert_parallel_on_cpu(cfg: dict[str, Any], tmp: Path) -> None:
+def alltoall_on_cpu(cfg: dict[str, Any], tmp: Path) -> None:
     cfg["model"]["moe"] = {
         "numExperts": 4, "routerTopK": 2, "ffnHiddenSize": 176, "sharedExpertFfnHiddenSize": None,
-        "firstKDenseLayers": 0, "auxLossCoeff": 0.0, "tokenDispatcher": "allgather",
+        "firstKDenseLayers": 0, "auxLossCoeff": 0.0, "tokenDispatcher": "alltoall",
     }  # fmt: skip
     cfg["parallelism"].update(expert=2, expertData=1)
 
@@ -68,7 +68,7 @@ def expert_parallel_on_cpu(cfg: dict[str, Any], tmp: Path) -> None:
             "parallelism.tensor: numAttentionHeads (4) is not divisible by parallelism.tensor (3)",
         ),
         (missing_data, "corpus.bin does not exist; run `mjob preprocess`"),
-        (expert_parallel_on_cpu, "parallelism.expert: expert parallelism is CUDA-only"),
+        (alltoall_on_cpu, "model.moe.tokenDispatcher: the alltoall dispatcher is CUDA-only"),
     ],
 )
 def test_bad_config_fails_fast(breakage: Any, expected: str, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_contract.env import INJECT_NAN_LOSS
+from megatron_contract.env import INJECT_FAILURE, INJECT_NAN_LOSS
 from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
 from megatron_trainer.checkpoint import (
@@ -33,7 +33,7 @@ from megatron_trainer.numerics import (
 )
 
 from .trainer_configs import tiny_config
-from .trainer_runs import run_trainer
+from .trainer_runs import processes_with_env, run_trainer
 
 pytestmark = pytest.mark.trainer
 
@@ -80,9 +80,9 @@ def test_pruning_runs_in_the_background_and_keeps_the_newest_finite_checkpoint(
     release = threading.Event()
     removed: list[str] = []
 
-    def slow_remove(path: Path) -> None:  # a network filesystem taking its time
+    def slow_remove(path: str) -> None:  # a network filesystem taking its time
         release.wait(30)
-        removed.append(path.name)
+        removed.append(Path(path).name)
         remove_dir(path)
 
     pruner = Pruner(ckpt, keep=1, remove=slow_remove)
@@ -130,3 +130,31 @@ def test_nan_injection_env() -> None:
     assert nan_injection_iteration({INJECT_NAN_LOSS: "7"}) == 7
     with pytest.raises(ConfigError, match=INJECT_NAN_LOSS):
         nan_injection_iteration({INJECT_NAN_LOSS: "soon"})
+
+
+# -- error exits with the persistent async-save writer alive --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("injection", "code", "says"),
+    [
+        ({INJECT_NAN_LOSS: "3"}, ExitCode.NON_FINITE, "the loss of a micro-batch is nan"),
+        ({INJECT_FAILURE: "3:0:RAISE"}, 1, "InjectedFailure: MEGATRON_INJECT_FAILURE"),
+    ],
+    ids=["nan", "uncaught-error"],
+)
+def test_error_exit_with_the_async_writer_alive(
+    workdir: Path, injection: dict[str, str], code: int, says: str
+) -> None:
+    """The persistent writer (the same one GPU runs use) is a non-daemon process waiting in
+    queue.get(), which multiprocessing's exit handler joins: unless the rank kills it on the
+    way out, the rank never exits (and its peers wait out the collective timeout). One rank,
+    an async save at step 2, the failure at step 3."""
+    cfg = tiny_config(workdir / "ckpt", trainIters=6, save_interval=2)
+    cfg["checkpoint"].update(keep=0, **{"async": True})
+    run = run_trainer(cfg, workdir, extra_env=injection, timeout=150)
+    assert run.returncode == code, run.output[-3000:]
+    assert says in run.output
+    assert "checkpoint 2: async save started" in run.output
+    assert "killing the async checkpoint writer" in run.output
+    assert processes_with_env(str(workdir)) == []

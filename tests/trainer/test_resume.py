@@ -77,7 +77,7 @@ def test_sigterm_saves_the_current_step_and_resume_continues_after_it(
 
 def test_sigterm_to_the_launcher_checkpoints_and_exits_143(workdir: Path) -> None:
     cfg = tiny_config(workdir / "ckpt", trainIters=200, save_interval=100)
-    cfg["profiling"] = {"startStep": 1, "endStep": 2, "ranks": [0]}
+    cfg["profiling"] = {"tool": "torch", "startStep": 1, "endStep": 2, "ranks": [0]}
     pods = start_trainer(cfg, workdir)
     deadline = time.monotonic() + 180
     while not any(r["iteration"] >= 2 for r in pods.progress()):
@@ -91,7 +91,8 @@ def test_sigterm_to_the_launcher_checkpoints_and_exits_143(workdir: Path) -> Non
     stopped_at = run.progress[-1]["iteration"]
     assert run.progress[-1]["checkpointIteration"] == stopped_at < 200
     assert read_tracker(workdir / "ckpt") == stopped_at
-    assert (workdir / "ckpt" / "profiles" / "rank0-iter1-2.json").stat().st_size > 0
+    # The profiler window of attempt 0 (MEGATRON_RESTART_ATTEMPT), rank 0: one capture.
+    assert (workdir / "ckpt" / "profiles" / "0" / "rank0.torch.json").stat().st_size > 0
 
 
 def test_incomplete_or_truncated_latest_checkpoint_is_skipped(workdir: Path) -> None:

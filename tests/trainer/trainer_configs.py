@@ -22,7 +22,7 @@ GPT_TINY: dict[str, Any] = {
     },
     "parallelism": {"tensor": 1, "pipeline": 1, "virtualPipeline": None, "context": 1,
                     "expert": 1, "expertTensor": 1, "data": 1, "expertData": 1,
-                    "sequenceParallel": False},
+                    "sequenceParallel": False, "fsdp": False},
     "training": {"globalBatchSize": 8, "microBatchSize": 2, "numMicrobatches": 4,
                  "trainIters": 10, "lr": 0.001, "minLr": 0.0001, "warmupIters": 2,
                  "lrDecayStyle": "cosine", "weightDecay": 0.01, "clipGrad": 1.0,

@@ -107,10 +107,130 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         True,
     ),
     (
+        "sequence parallel splits seqLength / context over TP",
+        "spec.parallelism.sequenceParallel",
+        {
+            "parallelism.tensor": 4,
+            "parallelism.context": 2,
+            "parallelism.sequenceParallel": True,
+            "model.seqLength": 112,  # 56 tokens per CP rank, 14 per TP rank
+        },
+        {
+            "parallelism.tensor": 4,
+            "parallelism.context": 2,
+            "parallelism.sequenceParallel": True,
+            "model.seqLength": 108,  # 54 tokens per CP rank: 2·CP divides, TP does not
+        },
+        True,
+    ),
+    (
         "MoE with TP needs sequence parallel",
         "spec.parallelism.sequenceParallel",
-        {"model.moe": MOE, "parallelism.tensor": 2, "parallelism.sequenceParallel": True},
-        {"model.moe": MOE, "parallelism.tensor": 2},
+        {"model.moe": MOE, "parallelism.tensor": 2},  # on by default with TP on GPUs
+        {"model.moe": MOE, "parallelism.tensor": 2, "parallelism.sequenceParallel": False},
+        True,
+    ),
+    (
+        "sequence parallel defaults to on with TP on GPUs, off on CPU",
+        "spec.parallelism.sequenceParallel",
+        {**CPU, "model.moe": {**MOE, "tokenDispatcher": "allgather"}, "parallelism.tensor": 1},
+        {**CPU, "parallelism.tensor": 2, "parallelism.sequenceParallel": True},
+        True,
+    ),
+    (
+        "Megatron FSDP without pipeline parallelism",
+        "spec.parallelism.fsdp",
+        {"parallelism.fsdp": True, "parallelism.tensor": 2, "parallelism.context": 2},
+        {"parallelism.fsdp": True, "parallelism.pipeline": 2},
+        True,
+    ),
+    (
+        "Megatron FSDP combines with expert parallelism",
+        "spec.parallelism.fsdp",
+        {"model.moe": MOE, "parallelism.fsdp": True, "parallelism.expert": 4},
+        {
+            "model.moe": MOE,
+            "parallelism.fsdp": True,
+            "parallelism.expert": 4,
+            "parallelism.pipeline": 2,
+        },
+        True,
+    ),
+    (
+        "Megatron FSDP is CUDA-only",
+        "spec.parallelism.fsdp",
+        {"parallelism.fsdp": True},
+        {**CPU, "parallelism.fsdp": True},
+        True,
+    ),
+    (
+        "nsys profiles CUDA only",
+        "spec.profiling.tool",
+        {**CPU, "profiling": {"tool": "viztracer", "startStep": 2, "endStep": 3}},
+        {**CPU, "profiling": {"tool": "nsys", "startStep": 2, "endStep": 3}},
+        True,
+    ),
+    (
+        "one checkpoint destination: a volume or a URL",
+        "spec.checkpoint",
+        {
+            "checkpoint.volume": DELETE,
+            "checkpoint.url": "msc://s3-ckpt/jobs/a",
+            "checkpoint.msc": {"configSecret": "msc-config"},
+        },
+        {"checkpoint.url": "msc://s3-ckpt/jobs/a", "checkpoint.msc": {"configSecret": "msc"}},
+        True,
+    ),
+    (
+        "a checkpoint URL needs the MSC config",
+        "spec.checkpoint.msc.configSecret",
+        {
+            "checkpoint.volume": DELETE,
+            "checkpoint.url": "msc://s3-ckpt/jobs/a",
+            "checkpoint.msc": {"configSecret": "msc-config", "configKey": "msc.json"},
+        },
+        {"checkpoint.volume": DELETE, "checkpoint.url": "msc://s3-ckpt/jobs/a"},
+        True,
+    ),
+    (
+        "the MSC config only with a URL",
+        "spec.checkpoint.msc",
+        {"checkpoint.volume": {"claimName": "ckpt"}},
+        {"checkpoint.msc": {"configSecret": "msc-config"}},
+        True,
+    ),
+    (
+        "no checkpoint.path with a URL",
+        "spec.checkpoint.path",
+        {
+            "checkpoint.volume": DELETE,
+            "checkpoint.url": "msc://s3-ckpt/jobs/a",
+            "checkpoint.msc": {"configSecret": "msc-config"},
+        },
+        {
+            "checkpoint.volume": DELETE,
+            "checkpoint.url": "msc://s3-ckpt/jobs/a",
+            "checkpoint.msc": {"configSecret": "msc-config"},
+            "checkpoint.path": "a",
+        },
+        True,
+    ),
+    (
+        "auto layouts leave the degrees to the operator",
+        "spec.parallelism.auto",
+        {"parallelism.auto": True, "checkpoint.shardingType": "fully_reshardable"},
+        {
+            "parallelism.auto": True,
+            "parallelism.tensor": 2,
+            "checkpoint.shardingType": "fully_reshardable",
+        },
+        True,
+    ),
+    (
+        "auto layouts save reshardable checkpoints",
+        "spec.checkpoint.shardingType",
+        {"parallelism.auto": True, "checkpoint.shardingType": "fully_reshardable"},
+        {"parallelism.auto": True},
         True,
     ),
     (
@@ -247,17 +367,6 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         "spec.parallelism.context",
         {"parallelism.context": 2},
         {**CPU, "parallelism.context": 2},
-        True,
-    ),
-    (
-        "expert parallelism is CUDA-only",
-        "spec.parallelism.expert",
-        {"model.moe": MOE, "parallelism.expert": 2},
-        {
-            **CPU,
-            "model.moe": {**MOE, "tokenDispatcher": "allgather"},
-            "parallelism.expert": 2,
-        },
         True,
     ),
     (

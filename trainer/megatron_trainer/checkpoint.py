@@ -12,10 +12,10 @@ directory only because the tracker names it.
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -30,7 +30,6 @@ from megatron.core.dist_checkpointing.serialization import (
     get_default_load_sharded_strategy,
     get_default_save_sharded_strategy,
 )
-from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
 from megatron.core.dist_checkpointing.strategies.fully_parallel import (
     FullyParallelLoadStrategyWrapper,
@@ -38,10 +37,12 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import (
 )
 
 from megatron_contract import paths
-from megatron_contract.config import CheckpointConfig, TrainerConfig
+from megatron_contract.config import CheckpointConfig, TrainerConfig, is_msc_url
 from megatron_contract.errors import ConfigError
 
 from . import optim_compat
+from .async_save import abort as abort_writer
+from .async_save import writer_queue
 from .decisions import save_sharding_type
 from .flops import flops_per_step
 from .interchange import (
@@ -52,6 +53,7 @@ from .interchange import (
     rng_sharded_object,
 )
 from .platform import Platform
+from .storage import storage_for, use_msc
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +70,19 @@ _RESHARD_FIELDS = ("tensor", "pipeline", "virtualPipeline", "expert", "expertTen
 
 
 def iteration_dir(root: str | Path, iteration: int) -> Path:
+    """The iteration's directory under a local root (see `iteration_path` for any root)."""
     return Path(root) / paths.iter_dir_name(iteration)
 
 
-def _iteration_of(path: Path) -> int | None:
-    name = path.name
+def iteration_path(root: str | Path, iteration: int) -> str:
+    """The iteration's directory under `root`: a local path or an msc:// URL."""
+    root = str(root)
+    return storage_for(root).join(root, paths.iter_dir_name(iteration))
+
+
+def _iteration_of(name: str) -> int | None:
     digits = name[5:]
+    # ASCII digits only: "iter_²" passes str.isdigit, and int() then raises.
     if (
         not name.startswith("iter_")
         or not (digits.isascii() and digits.isdigit())
@@ -83,14 +92,22 @@ def _iteration_of(path: Path) -> int | None:
     return int(name[5:])
 
 
-def incomplete_reason(path: Path) -> str | None:
-    """Why `path` is not a complete checkpoint, or None when it is."""
-    for name in ("metadata.json", ".metadata", "common.pt"):
-        if not (path / name).is_file():
-            return f"{name} is missing (the save was interrupted)"
-    from .safe_metadata import read_metadata
+def read_metadata(path: str) -> Any:
+    """The torch.distributed.checkpoint `.metadata` of a checkpoint directory or URL, read with a
+    restricted unpickler: a scanned directory's .metadata must not run code (safe_metadata.py)."""
+    from .safe_metadata import read_metadata as read_safely
 
-    try:  # restricted: a scanned directory's .metadata must not run code (safe_metadata.py)
+    return read_safely(path)
+
+
+def incomplete_reason(path: str | Path) -> str | None:
+    """Why `path` is not a complete checkpoint, or None when it is."""
+    path = str(path)
+    store = storage_for(path)
+    for name in ("metadata.json", ".metadata", "common.pt"):
+        if store.size(store.join(path, name)) is None:
+            return f"{name} is missing (the save was interrupted)"
+    try:
         metadata = read_metadata(path)
     except Exception as err:  # a truncated pickle raises anything from EOFError to ValueError
         return f".metadata is unreadable ({type(err).__name__}: {err})"
@@ -99,9 +116,8 @@ def incomplete_reason(path: Path) -> str | None:
         end = info.offset + info.length
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
     for relative, size in sorted(needed.items()):
-        try:
-            actual = (path / relative).stat().st_size
-        except FileNotFoundError:
+        actual = store.size(store.join(path, relative))
+        if actual is None:
             return f"shard file {relative} is missing"
         if actual < size:
             return f"shard file {relative} is truncated ({actual} of {size} bytes)"
@@ -111,17 +127,17 @@ def incomplete_reason(path: Path) -> str | None:
 @dataclass(frozen=True)
 class Scan:
     complete: list[int]
-    broken: list[tuple[Path, str]]  # incomplete or truncated directories, with the reason
+    broken: list[tuple[str, str]]  # incomplete or truncated directories, with the reason
 
 
 def scan(root: str | Path) -> Scan:
     complete, broken = [], []
-    base = Path(root)
-    if not base.is_dir():
-        return Scan([], [])
-    for path in sorted(base.iterdir()):
-        iteration = _iteration_of(path)
-        if iteration is None or not path.is_dir():
+    root = str(root)
+    store = storage_for(root)
+    for name in store.names(root):
+        iteration = _iteration_of(name)
+        path = store.join(root, name)
+        if iteration is None or not store.is_dir(path):
             continue
         reason = incomplete_reason(path)
         if reason is None:
@@ -131,33 +147,46 @@ def scan(root: str | Path) -> Scan:
     return Scan(sorted(complete), broken)
 
 
-def remove_dir(path: Path) -> None:
+def remove_dir(path: str | Path) -> None:
     """Delete a checkpoint directory so that a kill half-way leaves it looking incomplete."""
-    (path / "metadata.json").unlink(missing_ok=True)
-    shutil.rmtree(path, ignore_errors=True)
+    path = str(path)
+    storage_for(path).remove_tree(path)
 
 
 def read_tracker(root: str | Path) -> int | None:
+    root = str(root)
+    store = storage_for(root)
     try:
-        return int((Path(root) / TRACKER).read_text().strip())
-    except (OSError, ValueError):
+        return int(store.read_bytes(store.join(root, TRACKER)).decode().strip())
+    except (OSError, ValueError, UnicodeDecodeError):
         return None
 
 
 def write_tracker(root: str | Path, iteration: int) -> None:
-    tmp = Path(root) / f".{TRACKER}.tmp"
-    tmp.write_text(f"{iteration}\n")
-    os.replace(tmp, Path(root) / TRACKER)  # atomic: readers see the old or the new number
+    """Written last, once the checkpoint is complete: atomic on a filesystem (a rename) and on
+    object storage (one PUT), so readers see the old number or the new one."""
+    root = str(root)
+    store = storage_for(root)
+    store.write_atomic(store.join(root, TRACKER), f"{iteration}\n".encode())
 
 
 def model_fingerprint(model_json: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in model_json.items() if k not in _MUTABLE_MODEL_FIELDS}
 
 
-def read_loss(path: Path) -> float | None:
+def load_common(path: str | Path) -> dict[str, Any]:
+    """common.pt of the checkpoint at `path` (a directory or an msc:// URL)."""
+    path = str(path)
+    store = storage_for(path)
+    data = store.read_bytes(store.join(path, "common.pt"))
+    common: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    return common
+
+
+def read_loss(path: str | Path) -> float | None:
     """The training loss recorded with the checkpoint at `path` (None if unknown)."""
     try:
-        common = torch.load(path / "common.pt", map_location="cpu", weights_only=True)
+        common = load_common(path)
     except Exception:  # unreadable or pre-format-2: treat as unknown
         return None
     loss = (common.get("trainer") or {}).get("loss")
@@ -194,8 +223,10 @@ class Pruner:
     10-minute timeout. One worker thread, so prunes run one at a time and in order.
     """
 
-    def __init__(self, root: Path, keep: int, remove: Callable[[Path], None] | None = None) -> None:
-        self.root, self.keep = root, keep
+    def __init__(
+        self, root: str | Path, keep: int, remove: Callable[[str], None] | None = None
+    ) -> None:
+        self.root, self.keep = str(root), keep
         self.remove = remove or remove_dir
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-prune")
         self.lock = threading.Lock()
@@ -209,10 +240,10 @@ class Pruner:
 
     def _prune(self, newest: int) -> list[int]:
         complete = [i for i in scan(self.root).complete if i <= newest]
-        losses = {i: read_loss(iteration_dir(self.root, i)) for i in complete}
+        losses = {i: read_loss(iteration_path(self.root, i)) for i in complete}
         doomed = checkpoints_to_prune(complete, self.keep, losses)
         for iteration in doomed:
-            self.remove(iteration_dir(self.root, iteration))
+            self.remove(iteration_path(self.root, iteration))
         if doomed:
             log.info("pruned checkpoint(s) %s (keep %d)", doomed, self.keep)
         return doomed
@@ -243,16 +274,16 @@ class Resumed:
 class Checkpointer:
     """Save/load for one rank. Every method is collective: all ranks call it at the same point."""
 
-    def __init__(self, cfg: TrainerConfig, platform: Platform) -> None:
+    def __init__(self, cfg: TrainerConfig, platform: Platform, local_rank: int = 0) -> None:
         self.cfg = cfg
         self.ckpt: CheckpointConfig = cfg.checkpoint
-        self.root = Path(cfg.checkpoint.dir)
+        self.root = cfg.checkpoint.dir  # a directory or an msc:// URL
+        self.storage = storage_for(self.root)
+        use_msc(self.root)
         self.platform = platform
         self.rank = torch.distributed.get_rank()
         self.async_queue = (
-            AsyncCallsQueue(persistent=persistent_async_worker(platform.is_cuda))
-            if cfg.checkpoint.async_save
-            else None
+            writer_queue(local_rank, platform.is_cuda) if cfg.checkpoint.async_save else None
         )
         self.pruner = Pruner(self.root, cfg.checkpoint.keep) if self.rank == 0 else None
         self.newest: int | None = None  # newest complete checkpoint (for progress reports)
@@ -278,27 +309,13 @@ class Checkpointer:
         """
         choice = -1
         if self.rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
+            self.storage.makedirs(self.root)
             found = scan(self.root)
             for path, reason in found.broken:
                 log.warning("checkpoint %s is incomplete: %s; deleting it", path, reason)
                 remove_dir(path)
             if not self.ckpt.load and found.complete:
-                discarded = (
-                    self.root / f"discarded-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-                )
-                log.warning(
-                    "checkpoint.load is false: NOT resuming; moving %d existing checkpoint(s) to %s",
-                    len(found.complete),
-                    discarded,
-                )
-                discarded.mkdir()
-                for iteration in found.complete:
-                    os.replace(
-                        iteration_dir(self.root, iteration),
-                        discarded / iteration_dir("", iteration).name,
-                    )
-                (self.root / TRACKER).unlink(missing_ok=True)
+                self._discard(found.complete)
             elif found.complete:
                 choice = found.complete[-1]
                 tracker = read_tracker(self.root)
@@ -313,6 +330,27 @@ class Checkpointer:
         choice = _broadcast_int(choice, self.platform)
         self.newest = choice if choice >= 0 else None
         return self.newest
+
+    def _discard(self, complete: list[int]) -> None:
+        """checkpoint.load false: keep the old checkpoints aside instead of resuming from them."""
+        if is_msc_url(self.root):
+            raise ConfigError(
+                [
+                    f"checkpoint.load: false with object storage ({self.root}) would have to copy "
+                    "every old checkpoint aside; point checkpoint.url at an empty prefix instead"
+                ]
+            )
+        root = Path(self.root)
+        discarded = root / f"discarded-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        log.warning(
+            "checkpoint.load is false: NOT resuming; moving %d existing checkpoint(s) to %s",
+            len(complete),
+            discarded,
+        )
+        discarded.mkdir()
+        for iteration in complete:
+            os.replace(iteration_dir(root, iteration), discarded / paths.iter_dir_name(iteration))
+        (root / TRACKER).unlink(missing_ok=True)
 
     # -- state dicts -----------------------------------------------------------------------
 
@@ -377,12 +415,12 @@ class Checkpointer:
         if self.async_queue is not None:
             # One save in flight at a time, so the tracker always moves forward.
             self.async_queue.maybe_finalize_async_calls(blocking=True)
-        path = iteration_dir(self.root, iteration)
+        path = iteration_path(self.root, iteration)
         if self.rank == 0:
-            if path.exists():
+            if self.storage.exists(path):
                 log.warning("replacing existing checkpoint %s", path)
                 remove_dir(path)
-            path.mkdir(parents=True)
+            self.storage.makedirs(path)
         torch.distributed.barrier()
         started = time.monotonic()
         if model[0].ddp_config.overlap_param_gather:
@@ -400,12 +438,14 @@ class Checkpointer:
         state["num_floating_point_operations_so_far"] = iteration * flops_per_step(
             self.cfg.model, self.cfg.training.global_batch_size
         )
+        ddp = model[0].ddp_config
         state["args"] = megatron_lm_args(
             self.cfg,
             iteration=iteration,
             consumed_samples=consumed_samples,
             sharding_type=sharding,
             moe_grouped_gemm=bool(getattr(model[0].config, "moe_grouped_gemm", False)),
+            ddp=ddp,
         )
         state["trainer"] = {
             "formatVersion": FORMAT_VERSION,
@@ -417,11 +457,14 @@ class Checkpointer:
             "shardingType": sharding,
             "jobUid": self.cfg.job.uid,
             "loss": loss,
+            "precision": self.cfg.training.precision,
+            # The dp_reshardable optimizer state is per bucket: a resume builds the same ones.
+            "bucketSize": ddp.bucket_size,
         }
         use_async = self.async_queue is not None and not blocking
         request = dist_checkpointing.save(
             state,
-            str(path),
+            path,
             sharded_strategy=self._save_strategy(),
             async_sharded_save=use_async,
             content_metadata={
@@ -470,11 +513,20 @@ class Checkpointer:
         if self.pruner is not None:
             self.pruner.close()
 
+    def abort(self) -> None:
+        """On an error exit: kill the async writer (a save in flight stays incomplete) and
+        leave pending prunes to die with the process. Not collective."""
+        if self.async_queue is not None:
+            abort_writer(self.async_queue)
+        if self.pruner is not None:
+            self.pruner.pool.shutdown(wait=False, cancel_futures=True)
+
     # -- load ------------------------------------------------------------------------------
 
     def load(self, iteration: int, model: list[Any], optimizer: Any, scheduler: Any) -> Resumed:
-        path = iteration_dir(self.root, iteration)
-        common = TorchCommonLoadStrategy().load_common(path)
+        path = iteration_path(self.root, iteration)
+        # A Path for a directory: Megatron-Core lists it (Path.iterdir) when common.pt is missing.
+        common = TorchCommonLoadStrategy().load_common(path if is_msc_url(path) else Path(path))
         saved = self._check_compatible(common, path)
         saved_layout = saved["layout"]
         # Megatron-LM's rule: the RNG state is per (PP, TP) rank (per DP rank too with EP).
@@ -503,36 +555,25 @@ class Checkpointer:
             is_loading=True,
             with_rng=same_rng_layout,
         )
-        strategy = get_default_load_sharded_strategy(str(path))
+        strategy = get_default_load_sharded_strategy(path)
         if self.platform.is_cuda:
             # Each DP rank reads a share of the replicated tensors and broadcasts it to the
             # others. The broadcast stages tensors with `.cuda()`, so CPU ranks read all they need.
             strategy = FullyParallelLoadStrategyWrapper(
                 strategy, parallel_state.get_data_parallel_group(with_context_parallel=True)
             )
-        loaded = dist_checkpointing.load(state, str(path), sharded_strategy=strategy)
+        loaded = dist_checkpointing.load(state, path, sharded_strategy=strategy)
         for key, chunk in _model_keys(model):
             chunk.module.load_state_dict(loaded[key], strict=True)
         optim_compat.load_optimizer_state(optimizer, loaded["optimizer"])
-        saved_schedule = loaded["opt_param_scheduler"]
-        changes = schedule_changes(saved_schedule, scheduler.state_dict())
-        if changes:
-            log.warning(
-                "RESUME: the learning-rate schedule changed since %s: %s; continuing with this "
-                "job's schedule from step %s",
-                path,
-                "; ".join(changes),
-                saved_schedule.get("num_steps"),
-            )
-        # override_opt_param_scheduler: only the step count comes from the checkpoint.
-        scheduler.load_state_dict(saved_schedule)
+        apply_schedule(loaded["opt_param_scheduler"], scheduler, optimizer, path)
         if same_rng_layout:
             restore_rng(loaded["rng_state"][0], self.platform)
         return Resumed(
             iteration=int(saved["iteration"]), consumed_samples=int(saved["consumedSamples"])
         )
 
-    def _check_compatible(self, common: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    def _check_compatible(self, common: Mapping[str, Any], path: str) -> dict[str, Any]:
         """ConfigError (exit 78) when this job cannot continue from the checkpoint at `path`."""
         saved = common.get("trainer")
         if not isinstance(saved, dict) or saved.get("formatVersion") not in READABLE_FORMATS:
@@ -557,6 +598,7 @@ class Checkpointer:
                 "a checkpoint from a different model cannot be resumed: restore the model "
                 "settings, or use a new checkpoint.dir"
             )
+        problems += precision_problems(common, self.cfg.training.precision, path)
         gbs = self.cfg.training.global_batch_size
         if saved["globalBatchSize"] != gbs:
             problems.append(
@@ -578,10 +620,66 @@ class Checkpointer:
         return dict(saved)
 
 
+# Precisions whose parameters (and so checkpointed weights and optimizer state) share a dtype:
+# fp8 keeps bf16 parameters and computes in fp8 inside TE's layers.
+_PARAM_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp8": "bf16", "fp16": "fp16"}
+
+
+def saved_precision(common: Mapping[str, Any]) -> str | None:
+    """training.precision of the run that saved `common` (ours records it; before that, and in
+    Megatron-LM's checkpoints, it follows from `args`), or None when unknown."""
+    trainer = common.get("trainer")
+    if isinstance(trainer, dict) and isinstance(trainer.get("precision"), str):
+        return str(trainer["precision"])
+    args = common.get("args")
+    if args is None:
+        return None
+    if getattr(args, "fp8", None):
+        return "fp8"
+    if getattr(args, "bf16", False):
+        return "bf16"
+    return "fp16" if getattr(args, "fp16", False) else "fp32"
+
+
+def precision_problems(common: Mapping[str, Any], precision: str, path: Any) -> list[str]:
+    """A resume cannot change the parameter dtype: the optimizer's main parameters and the
+    Float16Module wrapping differ (Megatron-Core raises deep in the load). fp8 ↔ bf16 is fine."""
+    saved = saved_precision(common)
+    if saved is None or _PARAM_DTYPE.get(saved) == _PARAM_DTYPE.get(precision):
+        return []
+    return [
+        f"training.precision: the checkpoint in {path} was trained in {saved}, this job has "
+        f"{precision}; a resume keeps the parameter dtype: set training.precision back to "
+        f"{saved}, or use a new checkpoint.dir"
+    ]
+
+
 _SCHEDULE_FIELDS = (
     "max_lr", "min_lr", "lr_warmup_steps", "lr_decay_steps", "lr_decay_style",
     "start_wd", "end_wd", "wd_incr_steps", "wd_incr_style",
 )  # fmt: skip
+
+
+def apply_schedule(saved: Mapping[str, Any], scheduler: Any, optimizer: Any, path: Any) -> None:
+    """Continue with this job's learning-rate schedule at the checkpoint's step.
+
+    Only the step count comes from the checkpoint (override_opt_param_scheduler). The loaded
+    optimizer's param groups carry the checkpoint's `max_lr`/`min_lr`, which Megatron-Core's
+    `get_lr` prefers to the scheduler's, so they are set to this job's first: without that a
+    changed `lr`/`minLr` would be logged but not applied."""
+    ours = scheduler.state_dict()
+    changes = schedule_changes(saved, ours)
+    if changes:
+        log.warning(
+            "RESUME: the learning-rate schedule changed since %s: %s; continuing with this "
+            "job's schedule from step %s",
+            path,
+            "; ".join(changes),
+            saved.get("num_steps"),
+        )
+    for group in optimizer.param_groups:
+        group["max_lr"], group["min_lr"] = scheduler.max_lr, scheduler.min_lr
+    scheduler.load_state_dict(saved)
 
 
 def schedule_changes(saved: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
@@ -591,16 +689,6 @@ def schedule_changes(saved: Mapping[str, Any], ours: Mapping[str, Any]) -> list[
         for key in _SCHEDULE_FIELDS
         if saved.get(key) != ours.get(key)
     ]
-
-
-def persistent_async_worker(is_cuda: bool) -> bool:
-    """The async-save caller: Megatron-LM 0.16.1 only allows async save with its persistent
-    worker (arguments.py disables --async-save without --use-persistent-ckpt-worker): the
-    fork-per-save caller can write pinned host buffers that were already freed. The persistent
-    worker is a spawned process that calls `torch.cuda.set_device(rank % device_count())`, which
-    divides by zero without a GPU, so the CPU platform (no pinned memory, nothing to free early)
-    keeps the fork-per-save caller."""
-    return is_cuda
 
 
 def _model_keys(model: list[Any]) -> list[tuple[str, Any]]:

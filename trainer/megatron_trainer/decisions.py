@@ -8,6 +8,7 @@ Each cites the Megatron-LM (core_v0.16.1) code it follows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 # CONTRACT: set by the launcher for every CUDA rank when tensor or context parallelism is used
 # (Megatron-LM asserts it in arguments.py `validate_args` on Hopper and older).
@@ -68,24 +69,87 @@ def fused_ops(
     }
 
 
-def ddp_options(is_cuda: bool) -> dict[str, bool]:
+def ddp_options(is_cuda: bool, precision: str, interleaved: bool) -> dict[str, bool]:
     """DistributedDataParallelConfig fields beyond the fixed ones (model.build_model).
 
     - check_for_nan_in_grad: each bucket's gradient norm is checked before the data-parallel
       reduction, so a NaN/Inf fails the step (Megatron-LM's check_for_nan_in_loss_and_grad,
-      on by default there).
+      on by default there). Off for fp16: its dynamic loss scaler starts at 2^32, so the first
+      steps' gradients overflow by design; the scaler sees the Inf, skips the step and halves
+      the scale (Megatron-LM turns the check off under dynamic loss scaling, arguments.py
+      `validate_args`). A NaN loss still fails the step in the loss function.
     - overlap_grad_reduce / overlap_param_gather on CUDA: the gradient reduce-scatter overlaps
       the backward pass and the parameter all-gather of the distributed optimizer overlaps the
       next forward pass (Megatron-LM's --overlap-grad-reduce --overlap-param-gather, which its
       Hopper recipes use). Parameters are then only gathered in the next forward, so a save
       forces a sync first (Checkpointer.save, as Megatron-LM's `force_param_sync`). On CPU the
       plain path keeps gloo runs simple and bit-reproducible.
+    - align_param_gather: with the interleaved schedule the pipeline schedule starts each
+      chunk's parameter all-gather (`param_sync_func`), and DDP's forward hooks must not
+      dispatch the next bucket themselves; Megatron-LM's default, forced off without
+      interleaving (arguments.py). It is a DDP config field, read by DDP's forward pre-hook.
     """
+    overlap = is_cuda
     return {
-        "check_for_nan_in_grad": True,
-        "overlap_grad_reduce": is_cuda,
-        "overlap_param_gather": is_cuda,
+        "check_for_nan_in_grad": precision != "fp16",
+        "overlap_grad_reduce": overlap,
+        "overlap_param_gather": overlap,
+        "align_param_gather": overlap and interleaved,
     }
+
+
+# Megatron-LM's default bucket size with --overlap-grad-reduce (training.py `get_model`).
+MIN_BUCKET_SIZE = 40_000_000
+# What our trainer used before the bucket size was recorded in the checkpoint.
+LEGACY_BUCKET_SIZE = 40_000_000
+
+
+def ddp_bucket_size(overlap_grad_reduce: bool, data_parallel_with_context: int) -> int | None:
+    """The DDP bucket size of a fresh run, as Megatron-LM's `get_model` derives it: one bucket
+    per model chunk (None) without --overlap-grad-reduce, else max(40M, 1M·DP·CP), so NCCL's
+    ring chunks stay bandwidth-bound at large DP.
+
+    The `dp_reshardable` optimizer state is stored per bucket, so a resume must use the bucket
+    size the checkpoint was saved with (`recorded_bucket_size`), not this one."""
+    if not overlap_grad_reduce:
+        return None
+    return max(MIN_BUCKET_SIZE, 1_000_000 * data_parallel_with_context)
+
+
+def recorded_bucket_size(common: dict[str, Any]) -> int | None:
+    """The bucket size a checkpoint's `dp_reshardable` optimizer state was saved with, from its
+    common state: ours records it (`trainer.bucketSize`); Megatron-LM's is derived from its
+    `args` as its `get_model` derived it (--overlap-grad-reduce, --ddp-bucket-size, the DP and
+    CP sizes). ValueError for --ddp-num-buckets, which depends on Megatron-LM's parameter count
+    per rank."""
+    trainer = common.get("trainer")
+    if isinstance(trainer, dict):
+        size = trainer.get("bucketSize", LEGACY_BUCKET_SIZE)
+        return None if size is None else int(size)
+    args = common.get("args")
+    if not getattr(args, "overlap_grad_reduce", False):
+        return None
+    if getattr(args, "ddp_num_buckets", None) is not None:
+        raise ValueError("the checkpoint was saved with --ddp-num-buckets")
+    explicit = getattr(args, "ddp_bucket_size", None)
+    if explicit is not None:
+        return int(explicit)
+    dp = int(getattr(args, "data_parallel_size", 1) or 1)
+    cp = int(getattr(args, "context_parallel_size", 1) or 1)
+    return ddp_bucket_size(True, dp * cp)
+
+
+def needs_param_broadcast(
+    loads_weights: bool, data_parallel: int, expert_data_parallel: int
+) -> bool:
+    """Whether DP rank 0's weights must be broadcast to the other DP ranks at start.
+
+    Every DP replica initialises identically (the same stage seed, `rank_seed`, and the same
+    tracker seeds: Megatron-LM broadcasts only with --data-parallel-random-init), and a resume or
+    `checkpoint.init` overwrites every weight with the same stored values on each replica. So the
+    broadcast (all parameters, over DP: seconds for a large model) is only a guard for a fresh
+    start, and has nothing to do with a single replica."""
+    return not loads_weights and max(data_parallel, expert_data_parallel) > 1
 
 
 def gradient_accumulation_fusion(te: bool, apex: bool) -> bool:

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from megatron_contract.config import is_msc_url
+
 from .hf import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
 
 # torch_dist keys of the model tensors (Megatron-Core's checkpoint names: layers are stacked on a
@@ -49,12 +51,15 @@ class ExportError(Exception):
 # Finding and reading the checkpoint
 
 
-def checkpoint_path(checkpoint_dir: str | Path, iteration: int | None = None) -> Path:
-    """The complete `iter_XXXXXXX` directory to export: `iteration`, or the tracker's newest."""
-    from .checkpoint import TRACKER, incomplete_reason, iteration_dir, read_tracker, scan
+def checkpoint_path(checkpoint_dir: str | Path, iteration: int | None = None) -> str:
+    """The complete `iter_XXXXXXX` directory to export: `iteration`, or the tracker's newest.
+    `checkpoint_dir` is a directory or an msc:// URL (MSC_CONFIG names the MSC config)."""
+    from .checkpoint import TRACKER, incomplete_reason, iteration_path, read_tracker, scan
+    from .storage import storage_for
 
-    root = Path(checkpoint_dir)
-    if not root.is_dir():
+    root = str(checkpoint_dir)
+    store = storage_for(root)
+    if not store.is_dir(root):
         raise ExportError(f"{root}: no such directory")
     if iteration is None:
         iteration = read_tracker(root)
@@ -63,11 +68,12 @@ def checkpoint_path(checkpoint_dir: str | Path, iteration: int | None = None) ->
                 f"{root}: no readable {TRACKER}; pass the job's checkpoint directory (the one "
                 "holding it), or choose a checkpoint with --iteration N"
             )
-    path = iteration_dir(root, iteration)
-    if not path.is_dir():
+    path = iteration_path(root, iteration)
+    if not store.is_dir(path):
         found = ", ".join(str(i) for i in scan(root).complete) or "none"
+        name = path.rstrip("/").rsplit("/", 1)[-1]
         raise ExportError(
-            f"{root}: iteration {iteration} has no checkpoint ({path.name} is missing); "
+            f"{root}: iteration {iteration} has no checkpoint ({name} is missing); "
             f"complete checkpoints: {found}"
         )
     reason = incomplete_reason(path)
@@ -76,11 +82,14 @@ def checkpoint_path(checkpoint_dir: str | Path, iteration: int | None = None) ->
     return path
 
 
-def read_trainer_metadata(path: Path) -> dict[str, Any]:
+def read_trainer_metadata(path: str | Path) -> dict[str, Any]:
     """The `trainer` record our trainer stores in common.pt (model fields, layout, iteration)."""
     from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
 
-    common = TorchCommonLoadStrategy().load_common(path)
+    from .storage import use_msc
+
+    use_msc(str(path))
+    common = TorchCommonLoadStrategy().load_common(path if is_msc_url(str(path)) else Path(path))
     saved = common.get("trainer") if isinstance(common, Mapping) else None
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
         raise ExportError(
@@ -90,14 +99,14 @@ def read_trainer_metadata(path: Path) -> dict[str, Any]:
     return saved
 
 
-def read_full_tensors(path: Path, keys: list[str]) -> dict[str, torch.Tensor]:
+def read_full_tensors(path: str | Path, keys: list[str]) -> dict[str, torch.Tensor]:
     """The full (unsharded) tensors `keys` of a torch_dist checkpoint, without a process group."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from torch.distributed.checkpoint.state_dict_loader import load
 
-    from .safe_metadata import SafeReader
+    from .safe_metadata import safe_reader
 
-    reader = SafeReader(str(path))
+    reader = safe_reader(str(path))
     metadata = reader.read_metadata().state_dict_metadata
     state: dict[str, torch.Tensor] = {}
     for key in keys:
@@ -116,7 +125,7 @@ def read_full_tensors(path: Path, keys: list[str]) -> dict[str, torch.Tensor]:
 # Megatron -> Hugging Face
 
 
-def check_exportable(model: Mapping[str, Any], where: Path) -> None:
+def check_exportable(model: Mapping[str, Any], where: str | Path) -> None:
     """ExportError unless the checkpoint's model is a dense Llama-family GPT."""
     problems = []
     if model.get("moe") is not None:
@@ -248,7 +257,7 @@ def export_hf(
     iteration: int | None = None,
     *,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-) -> Path:
+) -> str:
     """Write the checkpoint at `iteration` (default: the newest, by the tracker) of a job's
     checkpoint directory as a Hugging Face Llama directory in `output_dir`; returns the
     checkpoint directory read. ExportError names the problem for anything it cannot export."""
@@ -275,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="mjob export", description="Export a MegatronJob checkpoint as a Hugging Face model."
     )
     parser.add_argument("--hf", metavar="CHECKPOINT_DIR", required=True,
-                        help="the job's checkpoint directory (holding latest_checkpointed_iteration.txt)")  # fmt: skip
+                        help="the job's checkpoint directory (holding latest_checkpointed_iteration.txt), or its msc:// URL")  # fmt: skip
     parser.add_argument("--output", metavar="DIR", required=True, help="new directory to write")
     parser.add_argument("--iteration", type=int, default=None,
                         help="checkpoint iteration to export (default: the newest)")  # fmt: skip

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megatron_contract.config import is_msc_url
 from megatron_contract.errors import ConfigError
 
 from .hf import unwrap
@@ -36,49 +37,53 @@ _PROBE_KEY = "decoder.final_layernorm.weight"
 class InitPoint:
     """What a `load_megatron_weights` call read."""
 
-    path: Path  # the iteration directory
+    path: str  # the iteration directory (a local path or an msc:// URL)
     iteration: int | None  # the source's iteration (None: unknown, e.g. a `release` checkpoint)
     consumed_samples: int | None  # the source's data position (None: unknown)
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """The complete torch_dist directory `path` names. ConfigError naming the field otherwise."""
-    from .checkpoint import TRACKER, incomplete_reason, iteration_dir
+def resolve_checkpoint(path: str | Path) -> str:
+    """The complete torch_dist directory `path` names (a directory or an msc:// URL).
+    ConfigError naming the field otherwise."""
+    from .checkpoint import TRACKER, incomplete_reason, iteration_path
+    from .storage import storage_for
 
-    root = Path(path)
-    if not root.is_dir():
+    root = str(path)
+    store = storage_for(root)
+    if not store.is_dir(root):
         raise ConfigError([f"{FIELD}.path: {root} is not a directory (is the volume mounted?)"])
-    tracker = root / TRACKER
-    if tracker.is_file():
-        text = tracker.read_text().strip()
+    tracker = store.join(root, TRACKER)
+    if store.size(tracker) is not None:
+        text = store.read_bytes(tracker).decode(errors="replace").strip()
         if text == "release":
-            chosen = root / "release"
+            chosen = store.join(root, "release")
         elif text.isascii() and text.isdigit() and len(text) <= 18:
-            chosen = iteration_dir(root, int(text))
+            chosen = iteration_path(root, int(text))
         else:
             raise ConfigError([f"{FIELD}.path: {tracker} holds {text!r}, not an iteration"])
-    elif (root / "weights" / "metadata.json").is_file():
-        chosen = root / "weights"  # NeMo 2
-    elif (root / "metadata.json").is_file():
+    elif store.size(store.join(root, "weights", "metadata.json")) is not None:
+        chosen = store.join(root, "weights")  # NeMo 2
+    elif store.size(store.join(root, "metadata.json")) is not None:
         chosen = root
     else:
         raise ConfigError(
             [f"{FIELD}.path: {root} is not a torch_dist checkpoint: it has neither {TRACKER} "
              "(a checkpoint directory) nor metadata.json (an iteration directory)"]
         )  # fmt: skip
-    if not chosen.is_dir():
-        raise ConfigError([f"{FIELD}.path: {tracker} names {chosen.name}, which is missing"])
+    if not store.is_dir(chosen):
+        name = chosen.rstrip("/").rsplit("/", 1)[-1]
+        raise ConfigError([f"{FIELD}.path: {tracker} names {name}, which is missing"])
     reason = incomplete_reason(chosen)
     if reason is not None:
         raise ConfigError([f"{FIELD}.path: {chosen} is not a complete checkpoint: {reason}"])
     return chosen
 
 
-def key_prefix(path: Path) -> str:
+def key_prefix(path: str | Path) -> str:
     """The prefix of the model keys in the checkpoint: "" (Megatron-LM) or "module." (NeMo)."""
-    from .safe_metadata import read_metadata
+    from .checkpoint import read_metadata
 
-    keys = read_metadata(path).state_dict_metadata
+    keys: dict[str, Any] = read_metadata(str(path)).state_dict_metadata
     for key in keys:
         if key.endswith(_PROBE_KEY):
             return key[: -len(_PROBE_KEY)]
@@ -148,9 +153,12 @@ def load_megatron_weights(
     from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
     from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy
 
+    from .storage import use_msc
+
+    use_msc(str(path))  # the caller switches back to its own checkpoint.dir's setting
     chosen = resolve_checkpoint(path)
     prefix = key_prefix(chosen)
-    common = TorchCommonLoadStrategy().load_common(chosen)
+    common = TorchCommonLoadStrategy().load_common(chosen if is_msc_url(chosen) else Path(chosen))
     common = common if isinstance(common, dict) else {}
     content = dist_checkpointing.load_content_metadata(str(chosen)) or {}
     # Our sharded state dicts must be described the way the source was written.
@@ -161,7 +169,7 @@ def load_megatron_weights(
 
         from . import optim_compat
 
-        _check_full_load(common, content, prefix, chosen)
+        _check_full_load(common, content, prefix, chosen, _precision_of(first))
         metadata["dp_cp_group"] = parallel_state.get_data_parallel_group(with_context_parallel=True)
         if not first.is_cuda:
             # As checkpoint.py: the only fully_reshardable variant that runs on CPU (it gathers
@@ -200,9 +208,18 @@ def load_megatron_weights(
                 )  # fmt: skip
     iteration, consumed = _source_position(common)
     if load == "full":
+        from .checkpoint import apply_schedule
+
         optim_compat.load_optimizer_state(optimizer, loaded["optimizer"])
-        scheduler.load_state_dict(common["opt_param_scheduler"])
+        apply_schedule(common["opt_param_scheduler"], scheduler, optimizer, chosen)
     return InitPoint(chosen, iteration, consumed)
+
+
+def _precision_of(param: Any) -> str:
+    """This job's training.precision as far as the parameters show it (fp8 keeps bf16 ones)."""
+    import torch
+
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(param.dtype, "fp32")
 
 
 def source_layout(common: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -219,10 +236,16 @@ def source_layout(common: dict[str, Any]) -> tuple[int | None, int | None]:
 
 
 def _check_full_load(
-    common: dict[str, Any], content: dict[str, Any], prefix: str, path: Path
+    common: dict[str, Any], content: dict[str, Any], prefix: str, path: str, precision: str
 ) -> None:
     """ConfigError unless the optimizer state at `path` can load into this job's layout."""
     from megatron.core import parallel_state
+
+    from .checkpoint import precision_problems
+
+    problems = precision_problems(common, precision, path)
+    if problems:
+        raise ConfigError(problems)
 
     if prefix:
         raise ConfigError(
@@ -250,7 +273,7 @@ def _check_full_load(
         )  # fmt: skip
 
 
-def _incompatible(path: Path, err: BaseException) -> ConfigError:
+def _incompatible(path: str, err: BaseException) -> ConfigError:
     return ConfigError(
         [f"{FIELD}.path: {path} cannot be loaded into this model "
          f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); check that "

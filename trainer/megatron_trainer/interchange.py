@@ -59,6 +59,7 @@ def megatron_lm_args(
     consumed_samples: int,
     sharding_type: str,
     moe_grouped_gemm: bool,
+    ddp: Any = None,
 ) -> Namespace:
     """The `args` Megatron-LM would have saved for this job (its argument names and meanings)."""
     m, p, t = cfg.model, cfg.parallelism, cfg.training
@@ -148,6 +149,14 @@ def megatron_lm_args(
         "fp16": t.precision == "fp16",
         "fp8": "hybrid" if t.precision == "fp8" else None,
         "calculate_per_token_loss": True,
+        # DDP: the dp_reshardable optimizer state is stored per gradient bucket, and Megatron-LM
+        # derives the buckets from these (training.py `get_model`; decisions.recorded_bucket_size).
+        "overlap_grad_reduce": bool(getattr(ddp, "overlap_grad_reduce", False)),
+        "overlap_param_gather": bool(getattr(ddp, "overlap_param_gather", False)),
+        "align_param_gather": bool(getattr(ddp, "align_param_gather", False)),
+        "ddp_bucket_size": getattr(ddp, "bucket_size", None),
+        "check_for_nan_in_loss_and_grad": bool(getattr(ddp, "check_for_nan_in_grad", True)),
+        "loss_scale": None,
         # Checkpoint format.
         "ckpt_format": "torch_dist",
         "use_dist_ckpt": True,

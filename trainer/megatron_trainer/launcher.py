@@ -21,17 +21,20 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
-from megatron_contract.config import load_config
+from megatron_contract.config import TrainerConfig, is_msc_url, load_config
 from megatron_contract.env import RuntimeEnv, runtime_env
 from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
 from megatron_contract.paths import TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 
+from . import profilers
 from .decisions import CUDA_DEVICE_MAX_CONNECTIONS, cuda_env_defaults
+from .profilers import nsys
 from .signals import LAUNCHER_PID_ENV
+from .storage import profiles_dir, scratch_dir
 from .validate import validate
 
 _PR_SET_PDEATHSIG = 1
@@ -90,11 +93,13 @@ class Supervisor:
         cpu: bool,
         command: Sequence[str],
         parallel: tuple[int, int] = (1, 1),
+        wrap: Callable[[int, list[str]], list[str]] | None = None,
     ) -> None:
         self.env = env
         self.cpu = cpu
         self.parallel = parallel
         self.command = list(command)
+        self.wrap = wrap  # a global rank's command, e.g. under nsys (profiling)
         self.ranks: dict[int, subprocess.Popen[bytes]] = {}
         self.codes: dict[int, int] = {}
         self.first_failure: int | None = None
@@ -103,8 +108,11 @@ class Supervisor:
     def start(self) -> None:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         for local_rank in range(self.env.nproc_per_node):
+            command = self.command
+            if self.wrap is not None:
+                command = self.wrap(self.env.global_rank(local_rank), command)
             proc = subprocess.Popen(
-                self.command,
+                command,
                 env=rank_env(os.environ, self.env, local_rank, self.cpu, self.parallel),
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - the launcher is single-threaded
             )
@@ -227,6 +235,41 @@ def _check_writable(directory: str) -> None:
         ) from err
 
 
+class NsysCaptures:
+    """Megatron Bridge's nsys profiling: exactly the listed ranks run under `nsys profile` with
+    the cudaProfilerApi capture range (the trainer opens and closes it at startStep/endStep), as
+    plain processes, one report a rank in <checkpoint dir>/profiles/<attempt>/. nsys writes to a
+    file, so with checkpoints on object storage it writes to local scratch and the launcher
+    uploads each report once its rank has exited."""
+
+    def __init__(self, config: TrainerConfig, attempt: int) -> None:
+        prof = config.profiling
+        self.ranks = set(prof.ranks) if prof is not None and prof.tool == nsys.NSYS else set()
+        self.target_dir = profiles_dir(config.checkpoint.dir, attempt)
+        self.remote = is_msc_url(config.checkpoint.dir)
+        self.reports: dict[str, str] = {}  # local report -> its place in storage (object storage)
+
+    def wrap(self, rank: int, command: list[str]) -> list[str]:
+        if rank not in self.ranks:
+            return command
+        name = profilers.capture_name(rank, nsys.SUFFIX).removesuffix("." + nsys.SUFFIX)
+        if self.remote:
+            base = os.path.join(scratch_dir("profiles"), name)
+            self.reports[f"{base}.{nsys.SUFFIX}"] = f"{self.target_dir}/{name}.{nsys.SUFFIX}"
+        else:
+            os.makedirs(self.target_dir, exist_ok=True)
+            base = os.path.join(self.target_dir, name)
+        return nsys.command(base, command)
+
+    def upload(self) -> None:
+        for local, target in self.reports.items():
+            if os.path.exists(local):
+                subprocess.run(
+                    [sys.executable, "-m", "megatron_trainer.storage", "upload", local, target],
+                    check=False,
+                )
+
+
 def version() -> str:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as package_version
@@ -255,7 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = runtime_env(os.environ)
         config = load_config(env.config_path)
         validate(config, env)
-        _check_writable(config.checkpoint.dir)
+        if not is_msc_url(config.checkpoint.dir):  # object storage: MSC reports its own errors
+            _check_writable(config.checkpoint.dir)
     except ConfigError as err:
         print(f"megatron_trainer: {err}", file=sys.stderr, flush=True)
         write_termination_message(str(err))
@@ -267,11 +311,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         file=sys.stderr,
         flush=True,
     )
+    captures = NsysCaptures(config, env.restart_attempt)
     supervisor = Supervisor(
         env,
         config.platform == "cpu",
         [sys.executable, "-m", "megatron_trainer.worker"],
         (config.parallelism.tensor, config.parallelism.context),
+        wrap=captures.wrap,
     )
     supervisor.start()
-    return supervisor.wait()
+    code = supervisor.wait()
+    captures.upload()
+    return code

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from dataclasses import dataclass
@@ -25,17 +24,19 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from megatron_contract.config import InitConfig, TrainerConfig
 from megatron_contract.env import RuntimeEnv
+from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
 
-from .checkpoint import Checkpointer
+from .checkpoint import Checkpointer, iteration_path, load_common
 from .data import MicroBatches, build_dataset
-from .decisions import rank_seed
+from .decisions import ddp_bucket_size, needs_param_broadcast, rank_seed, recorded_bucket_size
 from .flops import flops_per_step, tflops_per_gpu
 from .model import build_model, transformer_config
 from .numerics import NonFiniteLoss, check_loss, is_non_finite_grad_error, nan_injection_iteration
 from .platform import Platform, setup_platform
 from .progress import LeaseWriter, ProgressReporter, Report
 from .signals import StopFlag, inject_failures
+from .storage import profiles_dir, storage_for, use_msc
 from .telemetry import ProfilerWindow, Scalars
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,12 @@ class Trainer:
             self.rank, None, t.global_batch_size, t.micro_batch_size, cfg.parallelism.data
         )
         self.tconfig = transformer_config(cfg, self.platform)
-        self.model = build_model(cfg, self.platform, self.tconfig)
+        # Where this run's state comes from decides the gradient buckets (the dp_reshardable
+        # optimizer state is stored per bucket), so look before building the model.
+        self.checkpointer = Checkpointer(cfg, self.platform, local_rank)
+        resume = self.checkpointer.find_resume_point()
+        bucket_size = self._bucket_size(resume)
+        self.model = build_model(cfg, self.platform, self.tconfig, bucket_size)
         # Reseed after construction (construction consumed layout-dependent amounts of
         # randomness); dropout and other runtime randomness start from here.
         _seed_everything(self.seed)
@@ -162,15 +168,21 @@ class Trainer:
             # reduce-scatter when its last backward finishes.
             grad_sync = [m.start_grad_sync for m in self.model]
             self.tconfig.grad_sync_func = grad_sync[0] if len(grad_sync) == 1 else grad_sync
-        if ddp.overlap_param_gather and self.tconfig.overlap_p2p_comm:
-            # Megatron-LM's align_param_gather, on only when interleaving (arguments.py).
+        if ddp.overlap_param_gather and ddp.align_param_gather:
+            # Megatron-LM's align_param_gather, on only when interleaving (decisions.ddp_options).
             param_sync = [m.start_param_sync for m in self.model]
             self.tconfig.param_sync_func = param_sync[0] if len(param_sync) == 1 else param_sync
 
-        self.checkpointer = Checkpointer(cfg, self.platform)
         self.iteration = 0
         consumed = 0
-        resume = self.checkpointer.find_resume_point()
+        loads_weights = resume is not None or cfg.checkpoint.init is not None
+        if needs_param_broadcast(
+            loads_weights,
+            parallel_state.get_data_parallel_world_size(with_context_parallel=True),
+            parallel_state.get_expert_data_parallel_world_size(),
+        ):
+            for chunk in self.model:  # a fresh start: every DP replica takes DP rank 0's weights
+                chunk.broadcast_params()
         if resume is None and cfg.checkpoint.init is not None:
             consumed = self._start_from(cfg.checkpoint.init)
         elif resume is None:
@@ -216,16 +228,44 @@ class Trainer:
             cfg.progress.min_interval_seconds,
             env.restart_attempt,
         )
-        self.scalars = Scalars(
-            os.path.join(cfg.checkpoint.dir, "tensorboard") if is_rank0 else None
-        )
+        store = storage_for(cfg.checkpoint.dir)
+        self.scalars = Scalars(store.join(cfg.checkpoint.dir, "tensorboard") if is_rank0 else None)
         self.profiler = ProfilerWindow(
             cfg.profiling,
             self.rank,
-            os.path.join(cfg.checkpoint.dir, "profiles"),
+            profiles_dir(cfg.checkpoint.dir, env.restart_attempt),
             self.platform.is_cuda,
         )
         self._log_rank0("start-up took %.1fs", time.monotonic() - started)
+
+    def _bucket_size(self, resume: int | None) -> int | None:
+        """The gradient bucket size: the checkpoint's when resuming or starting from a full
+        Megatron checkpoint (its dp_reshardable optimizer state is stored per bucket), else
+        Megatron-LM's rule for a fresh run (decisions.ddp_bucket_size)."""
+        source: str | None = None
+        init = self.cfg.checkpoint.init
+        if resume is not None:
+            source = iteration_path(self.cfg.checkpoint.dir, resume)
+        elif init is not None and init.megatron is not None and init.megatron.load == "full":
+            from .init_weights import resolve_checkpoint
+
+            source = resolve_checkpoint(init.megatron.path)
+        if source is not None:
+            common = load_common(source)
+            try:
+                return recorded_bucket_size(common if isinstance(common, dict) else {})
+            except ValueError as err:
+                raise ConfigError(
+                    [
+                        f"checkpoint: {source}: {err}, whose optimizer state layout this trainer "
+                        "cannot derive; start from its weights (checkpoint.init.megatron.load: "
+                        "weights) or save it with --ddp-bucket-size"
+                    ]
+                ) from err
+        return ddp_bucket_size(
+            overlap_grad_reduce=self.platform.is_cuda,
+            data_parallel_with_context=self.cfg.parallelism.data * self.cfg.parallelism.context,
+        )
 
     def _optimizer_config(self) -> OptimizerConfig:
         t = self.cfg.training
@@ -242,13 +282,22 @@ class Trainer:
             fp16=self.tconfig.fp16,
             params_dtype=self.tconfig.params_dtype,
             use_distributed_optimizer=True,
+            # fp16: a dynamic loss scaler, with Megatron-LM's defaults (--initial-loss-scale
+            # 2^32, --min-loss-scale 1, --loss-scale-window 1000, --hysteresis 2). Steps whose
+            # gradients overflow are skipped and halve the scale, so the first steps of a run
+            # are skipped by design (which is why decisions.ddp_options turns the DDP
+            # gradient check off for fp16).
+            loss_scale=None,
+            initial_loss_scale=2.0**32,
+            min_loss_scale=1.0,
+            loss_scale_window=1000,
+            hysteresis=2,
         )
 
     def _start_from(self, init: InitConfig) -> int:
         """The first run starts from existing weights (checkpoint.init); returns the samples
         already consumed. Restarts never come here: they resume from the job's own checkpoint."""
         from .hf import load_hf_into_model
-        from .init_weights import load_megatron_weights
 
         if init.hugging_face is not None:
             # config.json was checked against spec.model by the launcher (validate.py).
@@ -257,6 +306,15 @@ class Trainer:
             self._log_rank0("INIT: %d tensors from the Hugging Face model %s", filled, path)
             self.optimizer.reload_model_params()  # the optimizer's fp32 copies of the weights
             return 0
+        assert init.megatron is not None
+        try:
+            return self._start_from_megatron(init)
+        finally:
+            use_msc(self.cfg.checkpoint.dir)  # the job's own checkpoints, after reading the init
+
+    def _start_from_megatron(self, init: InitConfig) -> int:
+        from .init_weights import load_megatron_weights
+
         assert init.megatron is not None
         m = init.megatron
         if m.load == "weights":
@@ -312,6 +370,14 @@ class Trainer:
         updated, grad_norm, _ = self.optimizer.step()
         if updated:
             self.scheduler.step(increment=cfg.training.global_batch_size)
+        else:
+            # fp16's loss scaler found Inf/NaN gradients: no update, a smaller scale (as
+            # Megatron-LM, the iteration and the data position still advance).
+            self._log_rank0(
+                "iteration %d: gradients overflowed at loss scale %s; step skipped",
+                self.iteration,
+                float(self.optimizer.get_loss_scale()),
+            )
         loss = self._global_loss(losses)
         if self.platform.is_cuda:
             torch.cuda.synchronize()
@@ -349,6 +415,17 @@ class Trainer:
     # -- the loop -----------------------------------------------------------------------------
 
     def run(self) -> int:
+        """Train to the end (0) or to an agreed SIGTERM (143). On any exception, the async
+        checkpoint writer is killed before it propagates: a live persistent writer would hold
+        the process at exit (multiprocessing joins it), and the other ranks would then wait out
+        the collective timeout instead of seeing this rank fail."""
+        try:
+            return self._run()
+        except BaseException:
+            self.checkpointer.abort()
+            raise
+
+    def _run(self) -> int:
         cfg, t = self.cfg, self.cfg.training
         gbs, seq = t.global_batch_size, cfg.model.seq_length
         last_ckpt_reported = self.checkpointer.newest
@@ -384,6 +461,7 @@ class Trainer:
                 self.checkpointer.finalize(blocking=False)
             if self.checkpointer.newest != last_ckpt_reported:
                 last_ckpt_reported = self.checkpointer.newest
+                self.scalars.flush()
                 self.reporter.report(
                     Report(self.iteration, step.loss, tokens_per_s, mfu, last_ckpt_reported),
                     force=True,

@@ -95,6 +95,14 @@ def transformer_config_kwargs(cfg: TrainerConfig, platform: Platform) -> dict[st
                 "norms do not support it), which is not installed in this image"
             ]
         )
+    if p.context > 1 and not te:
+        raise ConfigError(
+            [
+                "parallelism.context: context parallelism needs Transformer Engine attention "
+                "(Megatron-Core's local attention supports context: 1 only), which does not "
+                "import in this image: use a trainer image with Transformer Engine, or context: 1"
+            ]
+        )
     dtype = _DTYPES[t.precision]
     activation = {"swiglu": F.silu, "gelu": F.gelu, "squared_relu": _squared_relu}[m.activation]
     kwargs: dict[str, Any] = {
@@ -272,8 +280,26 @@ def layer_spec(
     return spec
 
 
-def build_model(cfg: TrainerConfig, platform: Platform, config: TransformerConfig) -> list[Any]:
-    """Model chunks (one per virtual pipeline stage), wrapped for bf16 and in Megatron DDP."""
+def fsdp_options(fsdp: bool) -> dict[str, Any]:
+    """DistributedDataParallelConfig fields for parallelism.fsdp, as Megatron-LM sets them for
+    --use-megatron-fsdp with --data-parallel-sharding-strategy optim_grads_params (its
+    arguments.py): weights, gradients and optimizer state all sharded over DP × CP."""
+    if not fsdp:
+        return {}
+    return {
+        "use_megatron_fsdp": True,
+        "data_parallel_sharding_strategy": "optim_grads_params",
+        "overlap_grad_reduce": True,
+        "overlap_param_gather": True,
+    }
+
+
+def build_model(
+    cfg: TrainerConfig, platform: Platform, config: TransformerConfig, bucket_size: int | None
+) -> list[Any]:
+    """Model chunks (one per virtual pipeline stage), wrapped for bf16 and in Megatron DDP (or
+    Megatron FSDP) with gradient buckets of `bucket_size` parameters (None: one bucket per
+    chunk; see decisions.ddp_bucket_size and recorded_bucket_size)."""
     spec, why = attention_choice(
         use_transformer_engine(platform),
         platform.is_cuda,
@@ -312,15 +338,21 @@ def build_model(cfg: TrainerConfig, platform: Platform, config: TransformerConfi
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         use_distributed_optimizer=True,
-        # Fixed, not DP-dependent: the dp_reshardable optimizer format depends on buckets.
-        bucket_size=40_000_000,
-        **ddp_options(platform.is_cuda),
+        bucket_size=bucket_size,
+        **{
+            **ddp_options(platform.is_cuda, cfg.training.precision, config.overlap_p2p_comm),
+            **fsdp_options(cfg.parallelism.fsdp),
+        },
     )
+    wrapper: Any = DistributedDataParallel
+    if cfg.parallelism.fsdp:
+        # Megatron FSDP (Megatron-LM's --use-megatron-fsdp): one unit a transformer layer.
+        from megatron.core.distributed.fsdp.mcore_fsdp_adapter import FullyShardedDataParallel
+
+        wrapper = FullyShardedDataParallel
+    # Bucketing only for the first chunk, as Megatron-LM: the others' communication overlaps
+    # compute anyway (and the optimizer state layout must match its checkpoints).
     wrapped = [
-        DistributedDataParallel(config, ddp_config, module=m, disable_bucketing=i > 0)
-        for i, m in enumerate(chunks)
+        wrapper(config, ddp_config, module=m, disable_bucketing=i > 0) for i, m in enumerate(chunks)
     ]
-    for m in wrapped:
-        # All DP replicas start from DP rank 0's weights.
-        m.broadcast_params()
     return wrapped

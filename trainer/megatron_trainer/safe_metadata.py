@@ -10,6 +10,7 @@ layout helper); any other global is refused with an error naming it.
 
 from __future__ import annotations
 
+import io
 import pickle
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,10 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+from megatron_contract.config import is_msc_url
+
+from .storage import storage_for
 
 _MODULES = {
     "torch.distributed.checkpoint.metadata": {
@@ -65,11 +70,22 @@ class _Unpickler(pickle.Unpickler):
 
 
 def read_metadata(path: str | Path) -> Metadata:
-    """The `.metadata` of the checkpoint directory `path`, read with the restricted unpickler."""
-    with open(Path(path) / ".metadata", "rb") as f:
-        metadata = _Unpickler(f).load()
+    """The `.metadata` of the checkpoint directory `path` (a directory or an msc:// URL), read
+    with the restricted unpickler."""
+    root = str(path)
+    store = storage_for(root)
+    metadata = _Unpickler(io.BytesIO(store.read_bytes(store.join(root, ".metadata")))).load()
     if not isinstance(metadata, Metadata):
-        raise MetadataError(f"{path}/.metadata holds a {type(metadata).__name__}, not Metadata")
+        raise MetadataError(f"{root}/.metadata holds a {type(metadata).__name__}, not Metadata")
+    return metadata
+
+
+def _loaded(metadata: Metadata, load_id: Any) -> Metadata:
+    """What torch's readers add after unpickling."""
+    storage = metadata.storage_meta
+    if storage is None:
+        storage = metadata.storage_meta = StorageMeta()
+    storage.load_id = load_id
     return metadata
 
 
@@ -77,9 +93,18 @@ class SafeReader(FileSystemReader):
     """torch's FileSystemReader, reading `.metadata` with the restricted unpickler."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        metadata = read_metadata(str(self.path))
-        storage = metadata.storage_meta
-        if storage is None:
-            storage = metadata.storage_meta = StorageMeta()
-        storage.load_id = self.load_id
-        return metadata
+        return _loaded(read_metadata(str(self.path)), self.load_id)
+
+
+def safe_reader(path: str) -> Any:
+    """A torch.distributed.checkpoint storage reader for `path` (a directory, or an msc:// URL
+    through multi-storage-client) whose `.metadata` is read with the restricted unpickler."""
+    if not is_msc_url(path):
+        return SafeReader(path)
+    import multistorageclient
+
+    class SafeMscReader(multistorageclient.torch.MultiStorageFileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+            return _loaded(read_metadata(path), getattr(self, "load_id", None))
+
+    return SafeMscReader(path)

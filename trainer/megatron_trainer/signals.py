@@ -14,7 +14,7 @@ import sys
 import time
 from types import FrameType
 
-from megatron_contract.env import FailureInjection
+from megatron_contract.env import INJECT_FAILURE, FailureInjection
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +36,16 @@ class StopFlag:
         self.requested = True
 
 
+class InjectedFailure(RuntimeError):
+    """An uncaught error inside a rank (MEGATRON_INJECT_FAILURE ...:RAISE), standing in for an
+    OOM or a NCCL error."""
+
+
 def inject_failures(
     injections: tuple[FailureInjection, ...], iteration: int, rank: int, stop: StopFlag
 ) -> None:
-    """Fire the injections for (`iteration`, `rank`): SIGKILL this rank, or SIGTERM the pod.
+    """Fire the injections for (`iteration`, `rank`): SIGKILL this rank, SIGTERM the pod, or
+    raise InjectedFailure.
 
     TERM goes to the launcher (as the kubelet's would), which forwards it to every local rank; we
     wait until it has arrived here so the stop is agreed at this very iteration.
@@ -52,6 +58,8 @@ def inject_failures(
         sys.stderr.flush()
         if injection.signal == "KILL":
             os.kill(os.getpid(), signal.SIGKILL)
+        if injection.signal == "RAISE":
+            raise InjectedFailure(f"{INJECT_FAILURE} at iteration {iteration}, rank {rank}")
         launcher = int(os.environ.get(LAUNCHER_PID_ENV, "0") or 0)
         os.kill(launcher or os.getpid(), signal.SIGTERM)
         deadline = time.monotonic() + 30.0

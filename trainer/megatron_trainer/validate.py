@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from megatron_contract.config import TrainerConfig
-from megatron_contract.env import RuntimeEnv
+from megatron_contract.config import TrainerConfig, is_msc_url
+from megatron_contract.env import MSC_CONFIG, RuntimeEnv
 from megatron_contract.errors import ConfigError
 from megatron_contract.rules import check_config
 
@@ -65,7 +65,16 @@ def _path_problems(config: TrainerConfig) -> list[str]:
         from .hf import check_hf_config  # pure: reads config.json, no torch
 
         problems += check_hf_config(config.model, init.hugging_face.path)
-    if init is not None and init.megatron is not None and not os.path.isdir(init.megatron.path):
+    msc_paths = [config.checkpoint.dir]
+    if init is not None and init.megatron is not None:
+        msc_paths.append(init.megatron.path)
+    problems += _msc_problems([p for p in msc_paths if is_msc_url(p)])
+    if (
+        init is not None
+        and init.megatron is not None
+        and not is_msc_url(init.megatron.path)
+        and not os.path.isdir(init.megatron.path)
+    ):
         problems.append(
             f"checkpoint.init.megatron.path: {init.megatron.path} is not a directory; mount the "
             "checkpoint to start from on a volume of the job"
@@ -76,3 +85,32 @@ def _path_problems(config: TrainerConfig) -> list[str]:
             "a directory holding a Hugging Face tokenizer.json"
         )
     return problems
+
+
+def _msc_problems(urls: list[str]) -> list[str]:
+    """msc:// paths need multi-storage-client and its config (MSC_CONFIG names the file)."""
+    if not urls:
+        return []
+    try:
+        import multistorageclient  # noqa: F401 - only checking that it is installed
+    except ImportError:
+        return [
+            f"checkpoint.dir: {urls[0]} needs multi-storage-client, which this image lacks: "
+            "install the trainer extra (pip install 'megatron-operator[trainer]')"
+        ]
+    config = os.environ.get(MSC_CONFIG)
+    if not config or not os.path.isfile(config):
+        where = f"{MSC_CONFIG}={config}" if config else f"{MSC_CONFIG} is unset"
+        return [
+            f"checkpoint.dir: {urls[0]} needs the MSC config file ({where}); in a cluster it "
+            "comes from checkpoint.msc.configSecret, with mjob run --local export MSC_CONFIG"
+        ]
+    profiles = {u[len("msc://") :].split("/", 1)[0] for u in urls}
+    text = Path(config).read_text(encoding="utf-8", errors="replace")
+    missing = sorted(p for p in profiles if p not in text)
+    if missing:
+        return [
+            f"checkpoint.dir: the MSC config {config} has no profile {missing[0]!r}; add it "
+            "under profiles: or fix the URL (msc://PROFILE/PATH)"
+        ]
+    return []

@@ -12,6 +12,7 @@ import atexit
 import logging
 import os
 import sys
+import traceback
 import warnings
 
 from megatron_contract.config import load_config
@@ -54,15 +55,34 @@ def main() -> int:
 
         return Trainer(config, env, local_rank, stop).run()
     except ConfigError as err:
+        _abort_writers()
         print(f"megatron_trainer: {err}", file=sys.stderr, flush=True)
         return ExitCode.CONFIG
     except NonFiniteLoss as err:
+        _abort_writers()
         print(
             f"megatron_trainer: rank {local_rank}: {err}; exiting with {int(ExitCode.NON_FINITE)}",
             file=sys.stderr,
             flush=True,
         )
         return ExitCode.NON_FINITE
+    except Exception:
+        # Any other error (OOM, NCCL, a bug): the traceback, then exit 1 (a counted restart).
+        _abort_writers()
+        traceback.print_exc()
+        return CRASH
+
+
+CRASH = 1  # an uncaught exception, as Python's own exit status for one
+
+
+def _abort_writers() -> None:
+    """Kill any async checkpoint writer this process started (Trainer.run does so for errors
+    raised while training; this covers the rest). Without it, multiprocessing's exit handler
+    would wait for the writer forever."""
+    module = sys.modules.get("megatron_trainer.async_save")
+    if module is not None:
+        module.abort_all()
 
 
 def _exit(code: int) -> None:

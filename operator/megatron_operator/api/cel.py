@@ -91,6 +91,12 @@ MP_OK = f"({WORLD} % {MP} == 0)"
 DP = f"({WORLD} / {MP})"
 GPU = f"({R}.accelerator != 'none')"
 NOT_INTERLEAVED = f"(!has({P}.virtualPipeline) || {P}.virtualPipeline == 1)"
+# The effective sequenceParallel: explicit, else on with TP > 1 on GPUs
+# (megatron_contract.rules.default_sequence_parallel).
+SP = f"(has({P}.sequenceParallel) ? {P}.sequenceParallel : ({TP} > 1 && {GPU}))"
+FSDP = f"(has({P}.fsdp) && {P}.fsdp)"
+AUTO = f"(has({P}.auto) && {P}.auto)"
+CKPT = f"{S}.checkpoint"
 
 
 def rule(
@@ -164,12 +170,19 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".parallelism.tensor",
     ),
     rule(
-        f"!{P}.sequenceParallel || {TP} > 1",
+        f"!{SP} || {TP} > 1",
         "sequenceParallel needs parallelism.tensor > 1",
         ".parallelism.sequenceParallel",
     ),
     rule(
-        f"!{IS_MOE} || {TP} == 1 || {P}.sequenceParallel",
+        f"!{SP} || {TP} == 1 || !{present('seqLength')} || {SEQ} % {CP} != 0 || "
+        f"({SEQ} / {CP}) % {TP} == 0",
+        "sequence parallelism needs model.seqLength / parallelism.context divisible by "
+        "parallelism.tensor",
+        ".parallelism.sequenceParallel",
+    ),
+    rule(
+        f"!{IS_MOE} || {TP} == 1 || {SP}",
         "MoE models with tensor parallelism need sequenceParallel: true",
         ".parallelism.sequenceParallel",
     ),
@@ -189,6 +202,12 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         f"{LAYERS} % {PP} != 0 || {LAYERS} % ({PP} * {P}.virtualPipeline) == 0",
         "model.numLayers must split into pipeline × virtualPipeline equal stages",
         ".parallelism.virtualPipeline",
+    ),
+    # --- Megatron FSDP
+    rule(
+        f"!{FSDP} || {PP} == 1",
+        "Megatron FSDP does not combine with pipeline parallelism: set pipeline: 1 or fsdp: false",
+        ".parallelism.fsdp",
     ),
     # --- experts
     rule(
@@ -245,17 +264,22 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".parallelism.context",
     ),
     rule(
-        f"{GPU} || {EP} == 1",
-        "expert parallelism is CUDA-only: set expert: 1 or resources.accelerator: nvidia.com/gpu",
-        ".parallelism.expert",
-    ),
-    rule(
         f"{GPU} || !has({T}.precision) || {T}.precision == 'fp32'",
         "with resources.accelerator: none use training.precision: fp32",
         ".training.precision",
     ),
     rule(
-        f"{GPU} || !{P}.sequenceParallel",
+        f"{GPU} || !{FSDP}",
+        "Megatron FSDP is CUDA-only: set fsdp: false or resources.accelerator: nvidia.com/gpu",
+        ".parallelism.fsdp",
+    ),
+    rule(
+        f"{GPU} || !has({S}.profiling) || !has({S}.profiling.tool) || {S}.profiling.tool != 'nsys'",
+        "nsys profiles CUDA: use profiling.tool torch or viztracer on CPU",
+        ".profiling.tool",
+    ),
+    rule(
+        f"{GPU} || !{SP}",
         "sequence parallelism needs Transformer Engine: turn it off with accelerator none",
         ".parallelism.sequenceParallel",
     ),
@@ -321,13 +345,46 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".topology.key",
     ),
     rule(
-        f"has({S}.checkpoint.volume.claimName) != has({S}.checkpoint.volume.create)",
+        f"has({CKPT}.volume) != has({CKPT}.url)",
+        "set exactly one of checkpoint.volume or checkpoint.url",
+        ".checkpoint",
+    ),
+    rule(
+        f"!has({CKPT}.volume) || has({CKPT}.volume.claimName) != has({CKPT}.volume.create)",
         "set exactly one of volume.claimName or volume.create",
         ".checkpoint.volume",
     ),
     rule(
-        f"!has({S}.checkpoint.volume.create) || {R}.nodes == 1 || "
-        f"'ReadWriteMany' in {S}.checkpoint.volume.create.accessModes",
+        f"!has({CKPT}.url) || has({CKPT}.msc)",
+        "checkpoint.url needs the MSC config: name its Secret in checkpoint.msc.configSecret",
+        ".checkpoint.msc.configSecret",
+        "FieldValueRequired",
+    ),
+    rule(
+        f"has({CKPT}.url) || !has({CKPT}.msc)",
+        "checkpoint.msc is only used with checkpoint.url: remove it",
+        ".checkpoint.msc",
+    ),
+    rule(
+        f"!has({CKPT}.url) || !has({CKPT}.path)",
+        "with checkpoint.url put the directory in the URL instead of checkpoint.path",
+        ".checkpoint.path",
+    ),
+    rule(
+        f"!{AUTO} || ({TP} == 1 && {PP} == 1 && !has({P}.virtualPipeline) && {CP} == 1 && "
+        f"{EP} == 1 && !has({P}.expertTensor) && type({P}.data) == string && !{FSDP})",
+        "with parallelism.auto the operator chooses the degrees: leave them and fsdp unset",
+        ".parallelism.auto",
+    ),
+    rule(
+        f"!{AUTO} || {CKPT}.shardingType == 'fully_reshardable'",
+        "parallelism.auto may change tensor or pipeline on a resize: set checkpoint.shardingType: "
+        "fully_reshardable so the checkpoints reshard to the new layout",
+        ".checkpoint.shardingType",
+    ),
+    rule(
+        f"!has({CKPT}.volume) || !has({CKPT}.volume.create) || {R}.nodes == 1 || "
+        f"'ReadWriteMany' in {CKPT}.volume.create.accessModes",
         "several nodes write checkpoints to one volume: include ReadWriteMany",
         ".checkpoint.volume.create.accessModes",
     ),
@@ -427,6 +484,7 @@ NODE_RULES: Final[dict[str, list[dict[str, str]]]] = {
             "spec.data.blend[].prefix",
             "spec.data.tokenizer.path",
             "spec.checkpoint.init.megatron.path",
+            "spec.checkpoint.url",
             "spec.checkpoint.init.huggingFace.path",
         )
     },
@@ -458,8 +516,8 @@ _WHILE_SUSPENDED = " && ".join(_same(p) for p in WHILE_SUSPENDED)
 TRANSITION_RULES: Final[list[dict[str, str]]] = [
     rule(
         " && ".join(_same(p) for p in NEVER),
-        "spec.model, training.globalBatchSize, checkpoint.volume and checkpoint.path are "
-        "immutable: checkpoints and the data order depend on them",
+        "spec.model, training.globalBatchSize, checkpoint.volume, checkpoint.path and "
+        "checkpoint.url are immutable: checkpoints and the data order depend on them",
     ),
     rule(
         f"(oldSelf.suspend && self.suspend) || ({_WHILE_SUSPENDED})",

@@ -66,6 +66,7 @@ TokenDispatcher = Annotated[
 LrDecayStyle = Annotated[str, one_of(choices.LR_DECAY_STYLES), enum_schema(choices.LR_DECAY_STYLES)]
 Recompute = Annotated[str, one_of(choices.RECOMPUTE), enum_schema(choices.RECOMPUTE)]
 ShardingType = Annotated[str, one_of(choices.SHARDING_TYPES), enum_schema(choices.SHARDING_TYPES)]
+ProfilerTool = Annotated[str, one_of(choices.PROFILERS), enum_schema(choices.PROFILERS)]
 
 _DAYS = f" At most {MAX_DURATION_SECONDS} s ({MAX_DURATION_SECONDS // 86400} days)."
 FailureAction = Literal["Restart", "RestartNotCounted", "Fail"]
@@ -225,9 +226,23 @@ class ParallelismSpec(ApiModel):
         description="Data-parallel size (DP): 'auto' derives nodes × procsPerNode / (tensor × "
         "pipeline × context); an integer must equal that.",
     )
-    sequence_parallel: bool = Field(
+    sequence_parallel: bool | None = Field(
+        None,
+        description="Sequence parallelism; needs tensor > 1, and is required for MoE with TP. "
+        "Unset: on when tensor > 1 on GPUs (Megatron's guidance: without it every tensor-parallel "
+        "rank keeps a copy of the norm and dropout activations), off otherwise.",
+    )
+    fsdp: bool = Field(
         False,
-        description="Sequence parallelism; needs tensor > 1, and is required for MoE with TP.",
+        description="Megatron FSDP (use_megatron_fsdp): shard parameters, gradients and optimizer "
+        "state over the data-parallel ranks instead of replicating the weights. Combines with "
+        "tensor, context and expert parallelism, not with pipeline; CUDA only.",
+    )
+    auto: bool = Field(
+        False,
+        description="Let the operator choose the layout: the best-ranked valid layout that fits "
+        "gpuMemoryGiB (see mjob plan --suggest), written to status.parallelism. Leave the degrees "
+        "and fsdp unset with it; a resize (nodes or procsPerNode) re-plans.",
     )
 
 
@@ -464,6 +479,10 @@ _SEGMENT = r"([A-Za-z0-9_-][A-Za-z0-9._-]*|[.][A-Za-z0-9_-][A-Za-z0-9._-]*|[.][.
 CHECKPOINT_PATH_PATTERN = f"^{_SEGMENT}(/{_SEGMENT})*$"
 
 
+# msc://PROFILE/PATH: a profile name, then a path of the same safe segments as checkpoint.path.
+MSC_URL_PATTERN = f"^msc://[A-Za-z0-9][A-Za-z0-9_-]{{0,62}}/{_SEGMENT}(/{_SEGMENT})*$"
+ConfigKey = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+
 InitLoad = Annotated[str, one_of(choices.INIT_LOADS), enum_schema(choices.INIT_LOADS)]
 
 
@@ -473,9 +492,10 @@ class MegatronInitSpec(ApiModel):
     path: SafePath = Field(
         min_length=1,
         max_length=4096,
-        pattern=r"^/",
+        pattern=r"^(/|msc://)",
         description="Absolute path in the pod of the checkpoint directory (the one holding "
-        "latest_checkpointed_iteration.txt) or of one iter_* directory.",
+        "latest_checkpointed_iteration.txt) or of one iter_* directory, or an msc://PROFILE/PATH "
+        "URL (read with the job's checkpoint.msc config).",
     )
     load: InitLoad = Field(
         "weights",
@@ -507,16 +527,39 @@ class InitSpec(ApiModel):
     )
 
 
+class MscSpec(ApiModel):
+    """multi-storage-client settings for checkpoint.url."""
+
+    config_secret: DnsSubdomain = Field(
+        description="A Secret in the job's namespace whose key configKey holds the MSC config "
+        "(profiles and credentials), mounted read-only in the pods as MSC_CONFIG."
+    )
+    config_key: ConfigKey = Field(
+        "msc_config.yaml", description="The Secret's key holding the config (YAML or JSON)."
+    )
+
+
 class CheckpointSpec(ApiModel):
     """torch_dist checkpoints in the Megatron-LM layout; the trainer resumes from the newest."""
 
-    volume: VolumeSpec = Field(description="The volume holding checkpoints (exactly one source).")
+    volume: VolumeSpec | None = Field(
+        None, description="The volume holding checkpoints (exactly one of volume and url)."
+    )
+    url: str | None = Field(
+        None,
+        pattern=MSC_URL_PATTERN,
+        max_length=4096,
+        description="Object storage instead of a volume: msc://PROFILE/PATH, a multi-storage-"
+        "client URL as Megatron-Core reads it (S3, GCS, Azure, ... per the profile). Needs "
+        "checkpoint.msc.configSecret.",
+    )
+    msc: MscSpec | None = Field(None, description="The MSC config for checkpoint.url.")
     path: str | None = Field(
         None,
         pattern=CHECKPOINT_PATH_PATTERN,
         max_length=4096,
         description="Directory inside the volume (default: the job name); relative, with no "
-        "'.' or '..' segment.",
+        "'.' or '..' segment. Not used with url (the URL names the directory).",
     )
     save_interval: PositiveInt = Field(
         1000, le=MAX_ITERATIONS, description="Steps between checkpoints."
@@ -595,8 +638,15 @@ class EnvVar(ApiModel):
 
 
 class ProfilingSpec(ApiModel):
-    """A torch.profiler window; traces go to <checkpoint dir>/profiles."""
+    """A profiler window over steps [startStep, endStep] on the listed ranks; one capture per rank
+    in <checkpoint dir>/profiles/<restart attempt>/ (`mjob profiles` lists and copies them)."""
 
+    tool: ProfilerTool = Field(
+        "torch",
+        description="torch: torch.profiler (a Chrome trace); nsys: the rank's process runs under "
+        "Nsight Systems with the cudaProfilerApi capture range (a .nsys-rep; CUDA only); "
+        "viztracer: VizTracer's Python trace (a Chrome trace).",
+    )
     start_step: PositiveInt = Field(le=MAX_ITERATIONS, description="First profiled step.")
     end_step: PositiveInt = Field(le=MAX_ITERATIONS, description="Last profiled step.")
     ranks: list[Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]] = Field(
@@ -626,7 +676,9 @@ class MegatronJobSpec(ApiModel):
     env: list[EnvVar] = Field(
         default_factory=list, max_length=128, description="Extra trainer environment."
     )
-    profiling: ProfilingSpec | None = Field(None, description="Optional profiler window.")
+    profiling: ProfilingSpec | None = Field(
+        None, description="Optional profiler window (torch, nsys or viztracer)."
+    )
     priority_class_name: DnsSubdomain | None = Field(None, description="PriorityClass of the pods.")
     suspend: bool = Field(False, description="true deletes the pods (they checkpoint first).")
     ttl_seconds_after_finished: Seconds | None = Field(

@@ -109,6 +109,21 @@ class Progress(ApiModel):
     time: str = Field(description="When rank 0 reported it (RFC 3339).")
 
 
+class PlannedParallelism(ApiModel):
+    """The planned layout (status.parallelism)."""
+
+    tensor: int = Field(description="Tensor-parallel size.")
+    pipeline: int = Field(description="Pipeline-parallel size.")
+    virtual_pipeline: int | None = Field(None, description="Virtual pipeline stages per rank.")
+    context: int = Field(description="Context-parallel size.")
+    expert: int = Field(description="Expert-parallel size.")
+    expert_tensor: int = Field(description="Expert tensor-parallel size.")
+    data: int = Field(description="Data-parallel size.")
+    sequence_parallel: bool = Field(description="Sequence parallelism.")
+    fsdp: bool = Field(description="Megatron FSDP.")
+    recompute: str = Field(description="Activation recomputation it was planned with.")
+
+
 class MegatronJobStatus(ApiModel):
     """Observed state of a MegatronJob."""
 
@@ -127,6 +142,11 @@ class MegatronJobStatus(ApiModel):
         None, description="Short progress for printing, e.g. '1200/5000 loss 2.31'."
     )
     layout: str | None = Field(None, description="Parallel layout, e.g. TP8·PP2·DP4.")
+    parallelism: PlannedParallelism | None = Field(
+        None,
+        description="The degrees the job runs with: with spec.parallelism.auto, the layout the "
+        "operator chose (re-planned on a resize).",
+    )
     gpus: int | None = Field(None, description="GPUs the job holds when running.")
     world_size: int | None = Field(None, description="Total ranks.")
     start_time: str | None = Field(None, description="When the job was first started.")

@@ -11,7 +11,13 @@ from typing import Any
 from .errors import FieldError
 from .spec import MegatronJobSpec
 
-NEVER = ("model", "training.globalBatchSize", "checkpoint.volume", "checkpoint.path")
+NEVER = (
+    "model",
+    "training.globalBatchSize",
+    "checkpoint.volume",
+    "checkpoint.path",
+    "checkpoint.url",
+)
 WHILE_SUSPENDED = (
     "image",
     "imagePullPolicy",
@@ -22,6 +28,7 @@ WHILE_SUSPENDED = (
     "env",
     "priorityClassName",
     "checkpoint.shardingType",
+    "checkpoint.msc",
     "training.microBatchSize",
     "training.lr",
     "training.minLr",

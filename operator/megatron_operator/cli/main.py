@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from megatron_operator.api import SpecError
-from megatron_operator.cli import operate, preprocess, run, spec
+from megatron_operator.cli import operate, preprocess, profiles, run, spec
 from megatron_operator.cli.common import EXIT_INVALID, CliError
 
 
@@ -26,11 +26,12 @@ def package_version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mjob", description="MegatronJob tools: validate, plan, render, run, operate."
+        prog="mjob",
+        description="MegatronJob tools: validate, plan, render, run, operate, profiles.",
     )
     parser.add_argument("--version", action="version", version=f"mjob {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (spec, preprocess, operate, run):
+    for module in (spec, preprocess, operate, run, profiles):
         module.register(sub)
     return parser
 

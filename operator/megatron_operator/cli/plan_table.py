@@ -26,6 +26,7 @@ def print_plan(plan: Plan, max_nodes: int = 16, console: Console | None = None) 
         ("context / expert / expert-tensor", f"{d.cp} / {d.ep} / {d.etp}"),
         ("data / expert-data", f"{d.dp} / {d.edp}"),
         ("sequence parallel", "yes" if d.sequence_parallel else "no"),
+        ("Megatron FSDP", "yes" if d.fsdp else "no"),
         (
             "batch",
             f"global {plan.global_batch_size} = micro {plan.micro_batch_size} × data {d.dp} "

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
+from megatron_contract.env import MSC_CONFIG
 from megatron_operator.api import FieldError, SpecError, load_file
 from megatron_operator.cli.common import CliError, add_spec_args
 from megatron_operator.core.planner import plan
@@ -70,6 +72,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         # The apiserver gives every object a uid; locally the workdir plays that part.
         uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"mjob-local:{job.namespace}/{job.name}"))
         job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"uid": uid})})
+    msc = os.environ.get(MSC_CONFIG)
+    if job.spec.checkpoint.url is not None and not (msc and os.path.isfile(msc)):
+        raise SpecError(
+            [
+                FieldError(
+                    "spec.checkpoint.url",
+                    f"a local run reads the MSC config from {MSC_CONFIG} (here "
+                    f"{'unset' if not msc else repr(msc) + ', not a file'}): export "
+                    f"{MSC_CONFIG}=/path/to/msc_config.yaml with the profile of "
+                    f"{job.spec.checkpoint.url}",
+                )
+            ]
+        )
     injections = [parse_injection(text) for text in args.inject_failure]
     check_ranks(injections, p.world_size)
     workdir = Path(args.workdir or Path("runs") / job.name).resolve()

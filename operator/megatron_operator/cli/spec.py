@@ -19,6 +19,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.suggest:
+        return _suggest(args)
     _, p = load_and_plan(args.file, args.overrides)
     if args.output == "table":
         from megatron_operator.cli.plan_table import print_plan
@@ -26,6 +28,38 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print_plan(p, max_nodes=args.max_nodes)
     else:
         sys.stdout.write(dump(p.to_dict(), args.output))
+    return 0
+
+
+def _suggest(args: argparse.Namespace) -> int:
+    from megatron_operator.api import load_file
+    from megatron_operator.core.planner import suggestions
+
+    if args.top < 1:
+        raise CliError("--top must be 1 or more", EXIT_INVALID)
+    job = load_file(args.file, args.overrides)
+    found = suggestions(job.spec)
+    rows = [s.to_dict(s.plan.layout_string(), s.plan.memory) for s in found[: args.top]]
+    if args.output != "table":
+        doc = {"job": job.name, "valid": len(found), "suggestions": rows}
+        sys.stdout.write(dump(doc, args.output))
+        return 0
+    r = job.spec.resources
+    print(
+        f"{job.name}: {len(found)} valid layouts fit {r.nodes} × {r.procs_per_node} GPUs of "
+        f"{r.gpu_memory_gib:g} GiB; the best {len(rows)} (relative step time: 1.00 = every "
+        "FLOP at full speed, nothing exposed)"
+    )
+    for i, row in enumerate(rows, 1):
+        mark = "  <- parallelism.auto runs this" if i == 1 else ""
+        tight = ", tight" if row["tight"] else ""
+        print(
+            f"{i:>2}. {row['layout']:<24} recompute {row['recompute']:<9} "
+            f"{row['perGpuGiB']:6.1f} GiB{tight}  time ×{row['relativeStepTime']:.3f}{mark}"
+        )
+        print(f"      why: {row['why']}")
+    if not rows:
+        print("  none: add nodes, lower training.microBatchSize, or use GPUs with more memory")
     return 0
 
 
@@ -55,6 +89,13 @@ def register(sub: Any) -> None:
     add_spec_args(p)
     p.add_argument("-o", "--output", choices=["json", "yaml", "table"], default="table")
     p.add_argument("--max-nodes", type=int, default=16, help="nodes shown in the table")
+    p.add_argument(
+        "--suggest",
+        action="store_true",
+        help="list the valid layouts that fit, best first, with memory and why (the spec's "
+        "own degrees are ignored; parallelism.auto runs the first)",
+    )
+    p.add_argument("--top", type=int, default=5, help="layouts shown with --suggest")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("render", help="print the Kubernetes objects the operator creates")

@@ -106,9 +106,9 @@ class Kube:
         """In-cluster config when running in a pod, else the current kubeconfig."""
         config = kubernetes.client.Configuration()
         try:
-            kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
+            kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call,unused-ignore]
         except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config(client_configuration=config)  # type: ignore[no-untyped-call]
+            kubernetes.config.load_kube_config(client_configuration=config)  # type: ignore[no-untyped-call,unused-ignore]
         # Enough pooled connections for every thread that may call at once: the pod-gang pool,
         # the reconcile pool (handlers.RECONCILE_WORKERS) and the watches. A request beyond the
         # pool opens a new TLS connection and throws it away: the handshakes alone capped pod

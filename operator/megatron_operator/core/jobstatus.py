@@ -63,6 +63,7 @@ class JobStatus:
     progress: dict[str, Any] | None = None
     progress_summary: str | None = None
     layout: str | None = None
+    parallelism: dict[str, Any] | None = None  # the planned degrees (parallelism.auto's choice)
     gpus: int | None = None
     world_size: int | None = None
     start_time: str | None = None
@@ -100,6 +101,7 @@ class JobStatus:
             progress=_dict(doc.get("progress")),
             progress_summary=_text(doc.get("progressSummary")),
             layout=_text(doc.get("layout")),
+            parallelism=_dict(doc.get("parallelism")),
             gpus=_optional_count(doc.get("gpus")),
             world_size=_optional_count(doc.get("worldSize")),
             start_time=_text(doc.get("startTime")),

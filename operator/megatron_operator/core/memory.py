@@ -28,6 +28,7 @@ class ParallelDegrees:
     dp: int
     edp: int
     sequence_parallel: bool
+    fsdp: bool = False
 
     def config(self) -> ParallelismConfig:
         """The degrees under the contract's names (the plan's JSON and the trainer config)."""
@@ -41,6 +42,7 @@ class ParallelDegrees:
             data=self.dp,
             expert_data=self.edp,
             sequence_parallel=self.sequence_parallel,
+            fsdp=self.fsdp,
         )
 
 
@@ -132,9 +134,22 @@ def estimate(
         weight_grad, optim = 8.0, 8.0  # fp32 weights + grads; Adam m, v
     else:
         weight_grad, optim = 6.0, 12.0  # 16-bit weights + fp32 grads; fp32 master, m, v
-    dense_bytes = weight_grad + (optim / d.dp if distributed_optimizer else optim)
-    expert_bytes = weight_grad + (optim / d.edp if distributed_optimizer else optim)
+    if d.fsdp:
+        # Megatron FSDP (optim_grads_params) shards weights, gradients and optimizer state over
+        # the data-parallel × context ranks (the expert ones over expert-data). One layer's
+        # gathered weights and gradients are in flight at a time: counted below as a layer.
+        dense_bytes = (weight_grad + optim) / (d.dp * d.cp)
+        expert_bytes = (weight_grad + optim) / d.edp
+    else:
+        # Megatron-Core's distributed optimizer shards over the data-parallel group with
+        # context parallelism (the trainer's DDP and optimizer use it): DP × CP ranks.
+        dense_bytes = weight_grad + (optim / (d.dp * d.cp) if distributed_optimizer else optim)
+        expert_bytes = weight_grad + (optim / d.edp if distributed_optimizer else optim)
     weights = dense_per_gpu * dense_bytes + expert_per_gpu * expert_bytes
+    if d.fsdp:
+        # The unit being computed and the next one being gathered (double buffering), whole.
+        layer = max(dense_layer, moe_dense) / d.tp + experts / (d.ep * d.etp)
+        weights += 2 * layer * weight_grad
 
     acts = _activations(m, d, padded_vocab, micro_batch_size, num_microbatches, recompute)
     if precision == "fp32":

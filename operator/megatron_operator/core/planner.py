@@ -9,6 +9,7 @@ as CEL so the apiserver rejects bad specs on apply; the table tests run all thre
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
@@ -24,9 +25,11 @@ from megatron_contract.config import (
     to_json,
 )
 from megatron_contract.env import RESERVED as RESERVED_ENV
-from megatron_contract.rules import Layout, Problem, check, divisors
+from megatron_contract.rules import Layout, Problem, check, default_sequence_parallel, divisors
 from megatron_operator.api.errors import FieldError, SpecError
-from megatron_operator.api.spec import MegatronJobSpec
+from megatron_operator.api.spec import MegatronJobSpec, ParallelismSpec
+from megatron_operator.core import layouts
+from megatron_operator.core.layouts import Suggestion
 from megatron_operator.core.memory import MemoryEstimate, ParallelDegrees, estimate
 from megatron_operator.core.resolve import resolve_model
 
@@ -99,13 +102,33 @@ class Plan:
         return self.world_size if self.accelerator != "none" else 0
 
     def layout_string(self) -> str:
-        """Short form for printing, e.g. TP8·PP2·DP4 (degrees of 1 omitted, except DP)."""
+        """Short form for printing, e.g. TP8·PP2·DP4 (degrees of 1 omitted, except DP; FSDP4 for
+        four data-parallel ranks sharding the model with Megatron FSDP)."""
         d = self.degrees
         parts = [("TP", d.tp), ("PP", d.pp), ("VPP", d.vpp or 1), ("CP", d.cp), ("EP", d.ep)]
         if d.etp != d.tp and d.ep > 1:
             parts.append(("ETP", d.etp))
         out = [f"{k}{v}" for k, v in parts if v > 1]
-        return "·".join([*out, f"DP{d.dp}"])
+        return "·".join([*out, f"{'FSDP' if d.fsdp else 'DP'}{d.dp}"])
+
+    def status_parallelism(self) -> dict[str, Any]:
+        """status.parallelism: the degrees the job runs with (for parallelism.auto, the
+        operator's choice) and the recompute they were planned with."""
+        d = self.degrees
+        out: dict[str, Any] = {
+            "tensor": d.tp,
+            "pipeline": d.pp,
+            "context": d.cp,
+            "expert": d.ep,
+            "expertTensor": d.etp,
+            "data": d.dp,
+            "sequenceParallel": d.sequence_parallel,
+            "fsdp": d.fsdp,
+            "recompute": self.training.recompute,
+        }
+        if d.vpp:
+            out["virtualPipeline"] = d.vpp
+        return out
 
     def _strides(self, dim: Dim) -> tuple[int, int]:
         d = self.degrees
@@ -230,17 +253,59 @@ def _spec_rules(spec: MegatronJobSpec, dp: int | None) -> Iterator[FieldError]:
             "topology.key",
             f"topology.mode {s.topology.mode} needs a node label key, e.g. a rack label",
         )
-    vol = s.checkpoint.volume
-    if (vol.claim_name is None) == (vol.create is None):
+    c = s.checkpoint
+    vol = c.volume
+    if (vol is None) == (c.url is None):
+        yield _e("checkpoint", "set exactly one of checkpoint.volume or checkpoint.url")
+    if vol is not None and (vol.claim_name is None) == (vol.create is None):
         yield _e("checkpoint.volume", "set exactly one of volume.claimName or volume.create")
     if (
-        vol.create is not None
+        vol is not None
+        and vol.create is not None
         and s.resources.nodes > 1
         and ("ReadWriteMany" not in vol.create.access_modes)
     ):
         yield _e(
             "checkpoint.volume.create.accessModes",
             f"{s.resources.nodes} nodes write checkpoints to one volume: include ReadWriteMany",
+        )
+    if c.url is not None and c.msc is None:
+        yield _e(
+            "checkpoint.msc.configSecret",
+            "checkpoint.url needs the MSC config: name the Secret holding it in "
+            "checkpoint.msc.configSecret",
+        )
+    if c.url is None and c.msc is not None:
+        yield _e("checkpoint.msc", "checkpoint.msc is only used with checkpoint.url: remove it")
+    if c.url is not None and c.path is not None:
+        yield _e(
+            "checkpoint.path",
+            "checkpoint.path is a directory inside the volume; with checkpoint.url put the "
+            "directory in the URL instead",
+        )
+    p = s.parallelism
+    if p.auto and c.sharding_type != "fully_reshardable":
+        yield _e(
+            "checkpoint.shardingType",
+            "parallelism.auto may change tensor or pipeline when the job is resized: set "
+            "checkpoint.shardingType: fully_reshardable so its checkpoints reshard to the new "
+            "layout",
+        )
+    if p.auto and (
+        p.tensor,
+        p.pipeline,
+        p.virtual_pipeline,
+        p.context,
+        p.expert,
+        p.expert_tensor,
+        p.data,
+        p.fsdp,
+    ) != (1, 1, None, 1, 1, None, "auto", False):
+        yield _e(
+            "parallelism.auto",
+            "with auto the operator chooses the degrees: leave tensor, pipeline, "
+            "virtualPipeline, context, expert, expertTensor, data and fsdp unset (mjob plan "
+            "--suggest shows its choice), or remove auto",
         )
     for i, rule in enumerate(s.restart_policy.rules):
         if rule.exit_codes is None and rule.reasons is None:
@@ -286,6 +351,11 @@ def _layout_of(
     dp = world // mp if world % mp == 0 else None
     etp = p.expert_tensor if p.expert_tensor is not None else p.tensor
     expert_group = etp * p.expert * p.pipeline
+    sequence_parallel = (
+        p.sequence_parallel
+        if p.sequence_parallel is not None
+        else default_sequence_parallel(p.tensor, r.accelerator)
+    )
     degrees = ParallelDegrees(
         tp=p.tensor,
         pp=p.pipeline,
@@ -295,7 +365,8 @@ def _layout_of(
         etp=etp,
         dp=dp or 0,
         edp=world // expert_group if world % expert_group == 0 else 0,
-        sequence_parallel=p.sequence_parallel,
+        sequence_parallel=sequence_parallel,
+        fsdp=p.fsdp,
     )
     unit = t.micro_batch_size * (dp or 0)
     on_gpu = r.accelerator != "none"
@@ -327,7 +398,11 @@ def _layout_of(
     )
     resources = ResourcesConfig(r.accelerator, r.nodes, r.procs_per_node)
     prof = spec.profiling
-    profiling = ProfilingConfig(prof.start_step, prof.end_step, tuple(prof.ranks)) if prof else None
+    profiling = (
+        ProfilingConfig(prof.tool, prof.start_step, prof.end_step, tuple(prof.ranks))
+        if prof
+        else None
+    )
     layout = Layout(model, degrees.config(), training, data, resources, profiling)
     return layout, degrees, dp
 
@@ -342,7 +417,79 @@ def validate(spec: MegatronJobSpec) -> list[FieldError]:
 
 
 def plan(spec: MegatronJobSpec) -> Plan:
-    """Validate the spec and plan its layout. Raises SpecError with every problem found."""
+    """Validate the spec and plan its layout. Raises SpecError with every problem found.
+
+    With parallelism.auto, the layout is the first of `suggestions(spec)`: the same spec always
+    gives the same choice, and a resize (another nodes or procsPerNode) plans again."""
+    if spec.parallelism.auto:
+        return _auto(spec)
+    return _plan(spec)
+
+
+def _view(p: Plan) -> tuple[ModelConfig, ParallelDegrees, TrainingConfig, MemoryEstimate]:
+    return p.model, p.degrees, p.training, p.memory
+
+
+def suggestions(spec: MegatronJobSpec) -> list[Suggestion[Plan]]:
+    """Every valid layout of the spec that fits, best first (core/layouts.py explains the cost
+    model). The spec's own degrees are ignored; its sequenceParallel and recompute are kept
+    (recompute may be raised to fit). Raises SpecError for problems no layout can fix."""
+    manual = spec.model_copy(update={"parallelism": _AUTO_FREE})
+    model, errors = resolve_model(spec.model, 1)
+    if model is None:
+        raise SpecError(errors)
+    base_errors = [e for e in _spec_rules(manual, None) if not e.path.startswith(_LAYOUT_PATHS)]
+    if base_errors:
+        raise SpecError(base_errors)
+    return _cached_suggestions(spec.model_copy(update={"parallelism": _with_sp(spec)}), model)
+
+
+_AUTO_FREE = ParallelismSpec()
+_LAYOUT_PATHS = ("spec.parallelism",)
+
+
+def _with_sp(spec: MegatronJobSpec) -> ParallelismSpec:
+    sp = spec.parallelism.sequence_parallel
+    return ParallelismSpec.model_validate({} if sp is None else {"sequenceParallel": sp})
+
+
+def _cached_suggestions(spec: MegatronJobSpec, model: ModelConfig) -> list[Suggestion[Plan]]:
+    key = json.dumps(spec.to_api(), sort_keys=True)
+    found = _SUGGESTION_CACHE.get(key)
+    if found is None:
+        found = layouts.suggest(spec, model, _plan, _view)
+        if len(_SUGGESTION_CACHE) >= _SUGGESTION_CACHE_SIZE:
+            _SUGGESTION_CACHE.pop(next(iter(_SUGGESTION_CACHE)))
+        _SUGGESTION_CACHE[key] = found
+    return found
+
+
+# The operator plans a job at every reconcile; an auto job's search is done once per spec.
+_SUGGESTION_CACHE: dict[str, list[Suggestion[Plan]]] = {}
+_SUGGESTION_CACHE_SIZE = 256
+
+
+def _auto(spec: MegatronJobSpec) -> Plan:
+    errors = list(_spec_rules(spec, None))
+    if errors:
+        raise SpecError(errors)
+    found = suggestions(spec)
+    if not found:
+        raise SpecError(
+            [
+                FieldError(
+                    "spec.parallelism.auto",
+                    f"no parallel layout of this model fits {spec.resources.nodes} × "
+                    f"{spec.resources.procs_per_node} GPUs of {spec.resources.gpu_memory_gib:g} "
+                    "GiB at this batch size: add nodes, lower training.microBatchSize, or "
+                    "raise resources.gpuMemoryGiB if the GPUs have more",
+                )
+            ]
+        )
+    return found[0].plan
+
+
+def _plan(spec: MegatronJobSpec) -> Plan:
     model, errors = resolve_model(spec.model, spec.parallelism.tensor)
     if model is None:
         raise SpecError(errors)
@@ -384,7 +531,7 @@ def _memory_error(mem: MemoryEstimate, budget: float, spec: MegatronJobSpec) -> 
         hints.append("set training.recompute: full")
     if spec.training.micro_batch_size > 1:
         hints.append("lower training.microBatchSize")
-    if not spec.parallelism.sequence_parallel and spec.parallelism.tensor > 1:
+    if spec.parallelism.sequence_parallel is False and spec.parallelism.tensor > 1:
         hints.append("turn on parallelism.sequenceParallel")
     return FieldError(
         "spec.resources.gpuMemoryGiB",

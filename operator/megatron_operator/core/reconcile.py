@@ -236,6 +236,7 @@ class _Machine:
         self.st.observed_generation = self.generation
         self.refused()
         self.st.layout = p.layout_string()
+        self.st.parallelism = p.status_parallelism()
         self.st.gpus = p.gpus
         self.st.world_size = p.world_size
         if (

@@ -15,7 +15,14 @@ from typing import Any
 from megatron_contract import env as contract_env
 from megatron_contract.config import dumps
 from megatron_contract.env import DEFAULT_MASTER_PORT
-from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY, CONFIG_MOUNT, DEFAULT_CONFIG_PATH
+from megatron_contract.paths import (
+    CHECKPOINT_MOUNT,
+    CONFIG_KEY,
+    CONFIG_MOUNT,
+    DEFAULT_CONFIG_PATH,
+    MSC_CONFIG_MOUNT,
+    SCRATCH_MOUNT,
+)
 from megatron_operator.api.job import API_VERSION, KIND, MegatronJob
 from megatron_operator.api.spec import EnvVar, MegatronJobSpec
 from megatron_operator.core.names import (
@@ -150,7 +157,8 @@ def pvc(job: MegatronJob) -> Obj | None:
     """The created checkpoint claim. Retained (the default), it has no ownerReference, so the
     garbage collector keeps it after the job; its job labels let a job re-created with the same
     name resume from it (core/ownership.py)."""
-    create = job.spec.checkpoint.volume.create
+    volume = job.spec.checkpoint.volume
+    create = volume.create if volume is not None else None
     if create is None:
         return None
     spec: Obj = {
@@ -233,6 +241,11 @@ def _env(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> list[Obj
         {"name": e.POD_NAMESPACE, "valueFrom": field("metadata.namespace")},
     ]
     env += [{"name": e.name, "value": e.value} for e in job.spec.env]
+    msc = job.spec.checkpoint.msc
+    if job.spec.checkpoint.url is not None and msc is not None:
+        # After spec.env: the mounted Secret is the config the checkpoint URL was checked with.
+        env.append({"name": e.MSC_CONFIG, "value": f"{MSC_CONFIG_MOUNT}/{msc.config_key}"})
+        env.append({"name": e.SCRATCH, "value": SCRATCH_MOUNT})
     return env
 
 
@@ -297,16 +310,41 @@ def _affinity(job: MegatronJob) -> Obj:
 
 
 def _volumes(job: MegatronJob) -> list[Obj]:
-    vol = job.spec.checkpoint.volume
-    claim = vol.claim_name or pvc_name(job.name)
-    return [
-        {"name": "config", "configMap": {"name": config_map_name(job.name)}},
-        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}},
+    c = job.spec.checkpoint
+    volumes: list[Obj] = [{"name": "config", "configMap": {"name": config_map_name(job.name)}}]
+    if c.volume is not None:
+        claim = c.volume.claim_name or pvc_name(job.name)
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
+    elif c.msc is not None:
+        volumes.append(
+            {
+                "name": "msc-config",
+                "secret": {
+                    "secretName": c.msc.config_secret,
+                    "items": [{"key": c.msc.config_key, "path": c.msc.config_key}],
+                    "defaultMode": 0o440,
+                },
+            }
+        )
+        volumes.append({"name": "scratch", "emptyDir": {}})
+    volumes.append(
         {
             "name": "dshm",
             "emptyDir": {"medium": "Memory", "sizeLimit": str(job.spec.resources.shm_size)},
-        },
-    ]
+        }
+    )
+    return volumes
+
+
+def _mounts(job: MegatronJob) -> list[Obj]:
+    mounts: list[Obj] = [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}]
+    if job.spec.checkpoint.volume is not None:
+        mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
+    else:
+        mounts.append({"name": "msc-config", "mountPath": MSC_CONFIG_MOUNT, "readOnly": True})
+        mounts.append({"name": "scratch", "mountPath": SCRATCH_MOUNT})
+    mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    return mounts
 
 
 def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
@@ -325,11 +363,7 @@ def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
         "env": _env(job, plan, node_rank, attempt),
         "ports": [{"name": "rendezvous", "containerPort": DEFAULT_MASTER_PORT}],
         "resources": _resources(job, plan),
-        "volumeMounts": [
-            {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
-            {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-        ],
+        "volumeMounts": _mounts(job),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": caps,

@@ -22,7 +22,11 @@ from megatron_operator.core.planner import Plan
 
 
 def checkpoint_dir(job: MegatronJob) -> str:
-    return paths.checkpoint_dir(job.spec.checkpoint.path or job.name)
+    """The volume's directory in the pod, or the checkpoint.url itself (object storage)."""
+    c = job.spec.checkpoint
+    if c.url is not None:
+        return c.url
+    return paths.checkpoint_dir(c.path or job.name)
 
 
 def _init(job: MegatronJob) -> InitConfig | None:

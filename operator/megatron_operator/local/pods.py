@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_contract.env import PROGRESS_LEASE
+from megatron_contract.env import MSC_CONFIG, PROGRESS_LEASE, SCRATCH
 from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY
 from megatron_operator.api import FieldError, MegatronJobSpec
 
@@ -43,6 +43,10 @@ class Layout:
     @property
     def progress(self) -> Path:
         return self.workdir / "progress.jsonl"
+
+    @property
+    def scratch(self) -> Path:
+        return self.workdir / "scratch"
 
     @property
     def summary(self) -> Path:
@@ -145,6 +149,10 @@ def local_pods(
         )
         # No apiserver here: progress goes to the file, which the runner follows.
         env.pop(PROGRESS_LEASE, None)
+        # checkpoint.url: this machine's MSC_CONFIG (inherited) replaces the mounted Secret.
+        env.pop(MSC_CONFIG, None)
+        if SCRATCH in env:
+            env[SCRATCH] = str(layout.scratch / pod["metadata"]["name"])
         argv = list(container["command"]) + list(container.get("args", []))
         if argv and argv[0] == "python":
             argv[0] = python  # the image's interpreter is this environment's

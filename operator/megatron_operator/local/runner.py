@@ -20,6 +20,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
@@ -292,7 +293,12 @@ class LocalRunner:
     def summarize(self, result: Result) -> dict[str, Any]:
         losses = self.progress.losses
         latest = max(losses) if losses else int((self.progress.latest or {}).get("iteration", 0))
-        ckpt_dir = self.layout.checkpoints / (self.job.spec.checkpoint.path or self.job.name)
+        url = self.job.spec.checkpoint.url
+        ckpt_dir: Path | str = (
+            url
+            if url
+            else self.layout.checkpoints / (self.job.spec.checkpoint.path or self.job.name)
+        )
         summary: dict[str, Any] = {
             "status": result.status,
             "restarts": result.restarts,
@@ -306,7 +312,7 @@ class LocalRunner:
             "workdir": str(self.layout.workdir),
             "elapsedSeconds": round(time.monotonic() - self.started, 1),
             "checkpointDir": str(ckpt_dir),
-            "tensorboardDir": str(ckpt_dir / "tensorboard"),
+            "tensorboardDir": f"{ckpt_dir}/tensorboard",
             "finishedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
         if plot_losses(

@@ -46,8 +46,22 @@ class ProgressLog:
         return records
 
 
-def complete_checkpoints(directory: Path) -> list[int]:
-    """Iterations with a complete checkpoint (both metadata files present)."""
+def complete_checkpoints(directory: Path | str) -> list[int]:
+    """Iterations with a complete checkpoint (both metadata files present): in a directory, or
+    under an msc:// URL (through the trainer's storage, with the run's MSC_CONFIG)."""
+    if isinstance(directory, str):
+        from megatron_trainer.storage import storage_for
+
+        store = storage_for(directory)
+        found = []
+        for name in store.names(directory):
+            m = ITER_DIR_RE.match(name)
+            url = store.join(directory, name)
+            if m and all(
+                store.size(store.join(url, f)) is not None for f in ("metadata.json", ".metadata")
+            ):
+                found.append(int(m.group(1)))
+        return sorted(found)
     if not directory.is_dir():
         return []
     out = []

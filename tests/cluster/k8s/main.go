@@ -1,6 +1,7 @@
-// Command k8s is a hyperkube-style multi-call binary for the local test control plane:
-// kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and etcd, all built
-// from the k8s.io/kubernetes module graph pinned in ../go.mod, plus two helpers of our own:
+// Command k8s is a hyperkube-style multi-call binary for the local test cluster:
+// kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd and the real nodes'
+// kubelet, all built from the k8s.io/kubernetes module graph pinned in ../go.mod in one
+// `go build` (the kubelet shares most of its packages with the others), plus two helpers of our own:
 // gen-pki (certificates) and netns-forward (TCP forwarders listening inside network namespaces).
 //
 // The component is chosen by the name the binary is invoked as (a symlink such as
@@ -8,6 +9,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -26,6 +28,7 @@ import (
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 
 	"go.etcd.io/etcd/server/v3/etcdmain"
 )
@@ -46,6 +49,9 @@ var commands = map[string]func() int{
 			kubectlutil.CheckErr(err)
 		}
 		return 0
+	},
+	"kubelet": func() int {
+		return runCobra(func() *cobra.Command { return kubelet.NewKubeletCommand(context.Background()) })
 	},
 	"gen-pki":       genPKICommand,
 	"netns-forward": netnsForwardCommand,

@@ -62,6 +62,10 @@ PATCHED_MODULES: dict[str, str] = {
     "megatron.core.optimizer.clip_grads": (
         "grad-norm and clipping use torch.zeros(..., device='cuda') accumulators"
     ),
+    "megatron.core.tensor_parallel.mappings": (
+        "the allgather MoE dispatcher with expert parallelism gathers the routing map into "
+        "torch.empty(..., device=torch.cuda.current_device())"
+    ),
     "megatron.core.transformer.moe.router": (
         "the MoE router moves its weights to torch.cuda.current_device() on every forward"
     ),
@@ -72,8 +76,9 @@ PATCHED_MODULES: dict[str, str] = {
         "the checkpoint writer calls torch.cuda.synchronize() after staging tensors"
     ),
     "megatron.core.dist_checkpointing.strategies.async_utils": (
-        "async-save bookkeeping calls torch.cuda.synchronize() before forking the writer and "
-        "all-reduces completion flags on torch.cuda.current_device()"
+        "async-save bookkeeping all-reduces completion flags on torch.cuda.current_device(), "
+        "and the persistent writer process selects its GPU with "
+        "torch.cuda.set_device(rank % torch.cuda.device_count()) (a division by zero here)"
     ),
 }
 
@@ -132,6 +137,22 @@ class _CudaOnCpu:
         return getattr(torch.cuda, name)
 
 
+class _WriterCudaOnCpu(_CudaOnCpu):
+    """`torch.cuda` of the async-save module: its writer process picks "its GPU" at start."""
+
+    def device_count(self) -> int:
+        _hit(self._module, "cuda.device_count")
+        return 1
+
+    def set_device(self, device: Any) -> None:
+        _hit(self._module, "cuda.set_device")
+
+
+_CUDA_STAND_INS: dict[str, type[_CudaOnCpu]] = {
+    "megatron.core.dist_checkpointing.strategies.async_utils": _WriterCudaOnCpu,
+}
+
+
 def _factory(module: str, name: str) -> Callable[..., Any]:
     real = getattr(torch, name)
 
@@ -152,7 +173,7 @@ class _TorchOnCpu:
     """Stands in for the `torch` module inside one patched Megatron-Core module."""
 
     def __init__(self, module: str) -> None:
-        self.cuda = _CudaOnCpu(module)
+        self.cuda = _CUDA_STAND_INS.get(module, _CudaOnCpu)(module)
         for name in _FACTORIES:
             setattr(self, name, _factory(module, name))
 

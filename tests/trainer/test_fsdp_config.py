@@ -1,0 +1,52 @@
+"""parallelism.fsdp at the config level (CPU): what the trainer asks Megatron-Core for, and why
+the CPU platform refuses it. The CUDA run is tests/trainer/test_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+from megatron.core.distributed import DistributedDataParallelConfig
+
+from megatron_contract.config import parse_config
+from megatron_contract.errors import ConfigError
+from megatron_trainer.decisions import ddp_options
+from megatron_trainer.model import fsdp_options
+from megatron_trainer.validate import validate
+
+from .trainer_configs import tiny_config
+
+pytestmark = pytest.mark.trainer
+
+
+def test_fsdp_asks_megatron_core_for_fully_sharded_data_parallel() -> None:
+    ddp = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        use_distributed_optimizer=True,
+        bucket_size=40_000_000,
+        **{**ddp_options(True), **fsdp_options(True)},
+    )
+    assert ddp.use_megatron_fsdp
+    assert ddp.data_parallel_sharding_strategy == "optim_grads_params"
+    assert fsdp_options(False) == {}
+
+
+def test_fsdp_on_cpu_is_refused_before_any_rank_starts(tmp_path: object) -> None:
+    cfg = tiny_config("/tmp/unused", tp=1, dp=2)
+    cfg["parallelism"]["fsdp"] = True
+    with pytest.raises(ConfigError) as err:
+        validate(parse_config(cfg), check_paths=False)
+    assert "parallelism.fsdp" in str(err.value) and "CUDA" in str(err.value)
+
+
+def test_megatron_fsdp_in_0_16_1_needs_cuda_streams() -> None:
+    """Why the rule exists: MegatronFSDP, as it is built, creates torch.cuda.Stream objects for
+    its buffer copies and parameter gathers (megatron_fsdp.py), and its adapter defaults the
+    device to cuda:<current device>; gloo on a CPU-only torch has neither."""
+    import inspect
+
+    from megatron.core.distributed.fsdp import mcore_fsdp_adapter
+    from megatron.core.distributed.fsdp.src.megatron_fsdp import megatron_fsdp
+
+    source = inspect.getsource(megatron_fsdp.MegatronFSDP)
+    assert "torch.cuda.Stream()" in source
+    assert 'torch.device(f"cuda:{torch.cuda.current_device()}")' in source
+    assert "torch.device(f'cuda:" in inspect.getsource(mcore_fsdp_adapter)
