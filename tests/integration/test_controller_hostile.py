@@ -324,3 +324,51 @@ def test_an_operator_bug_leaves_the_pods_running_and_backs_off(
         "get", "events", "-n", ns, "--field-selector", "involvedObject.name=bug"
     )["items"]
     assert [e["reason"] for e in events].count("ReconcileError") == 1
+
+
+def test_a_retained_claim_is_reused_only_with_its_seal(
+    cluster: Cluster, namespace: str, kube: Kube
+) -> None:
+    """With a claim key, the operator seals the claims it retains; a job re-created under the
+    same name reuses its sealed claim, and a claim someone labelled alike is a conflict."""
+    ns = namespace
+    kube.claim_key = b"k" * 32
+    controller = Controller(kube, Metrics())
+    cluster.apply(tiny_gpu_job("keep", nodes=1), ns)  # volume.create: retained by default
+    _drive(controller, ns, "keep", lambda s: s.get("launchedAttempt") == 0)
+    claim = cluster.kubectl_json("get", "pvc", "keep-checkpoints", "-n", ns)
+    assert claim["metadata"]["annotations"]["megatron.dev/claim-seal"]
+    assert not claim["metadata"].get("ownerReferences")
+    cluster.kubectl("delete", "mj", "keep", "-n", ns, "--wait=true")
+    cluster.apply(tiny_gpu_job("keep", nodes=1), ns)  # the same name again: resumes from it
+    _drive(controller, ns, "keep", lambda s: s.get("launchedAttempt") == 0)
+    again = cluster.kubectl_json("get", "pvc", "keep-checkpoints", "-n", ns)
+    assert again["metadata"]["uid"] == claim["metadata"]["uid"]
+
+    # A planted claim with the labels the operator puts on its own, but no seal.
+    planted = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": "victim-checkpoints",
+            "labels": {
+                "megatron.dev/job-name": "victim",
+                "app.kubernetes.io/managed-by": "megatron-operator",
+            },
+        },
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    cluster.apply(planted, ns)
+    cluster.apply(tiny_gpu_job("victim", nodes=1), ns)
+
+    def conflict(st_: dict[str, Any]) -> bool:
+        return any(
+            c.get("type") == "ChildrenOwned" and c.get("reason") == "ChildConflict"
+            for c in st_.get("conditions") or []
+        )
+
+    _drive(controller, ns, "victim", conflict)
+    st_ = status_of(controller, ns, "victim")
+    message = next(c["message"] for c in st_["conditions"] if c["type"] == "ChildrenOwned")
+    assert "did not seal it" in message and "claimName" in message
+    assert not pods(cluster, ns, "victim")

@@ -106,7 +106,13 @@ def test_unknown_argument_exits_2() -> None:
     ("args", "fragment"),
     [
         (["--leader-elect"], "--leader-elect needs --leader-election-namespace or $POD_NAMESPACE"),
-        (["--metrics-port=70000"], "--metrics-port must be 0-65535"),
+        (["--metrics-port=70000"], "--metrics-port and --health-port must be 0-65535"),
+        (["--health-port=8080"], "--metrics-port and --health-port must differ"),
+        (
+            ["--metrics-bind-address=0.0.0.0", "--metrics-auth=none"],
+            "--metrics-auth none on 0.0.0.0",
+        ),
+        (["--claim-key-file=/nonexistent"], "--claim-key-file: cannot read /nonexistent"),
         (["--workers=0"], "--workers ≥ 1"),
         (["--kueue=maybe"], "invalid choice: 'maybe'"),
     ],
@@ -160,6 +166,23 @@ def test_render_restart_attempt_and_json(capsys: pytest.CaptureFixture[str]) -> 
     pods = [o for o in doc["items"] if o["kind"] == "Pod"]
     assert pods[0]["metadata"]["labels"]["megatron.dev/restart-attempt"] == "4"
     assert main(["render", TINY, "--restart-attempt", "-1"]) == 2
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+@pytest.mark.parametrize("example", ["cpu-tiny.yaml", "mixtral-8x7b.yaml"])
+def test_render_streams_the_same_text_as_one_list(fmt: str, example: str) -> None:
+    """`mjob render` writes one object at a time; the text is what dumping the whole List gives."""
+    from megatron_operator.cli.common import dump, load_and_plan
+    from megatron_operator.cli.yamlio import write_list
+    from megatron_operator.core.render import as_list, render, render_iter
+
+    job, p = load_and_plan(str(ROOT / "examples" / example), [])
+    chunks: list[str] = []
+    write_list(render_iter(job, p, 2), fmt, chunks.append)
+    assert "".join(chunks) == dump(as_list(render(job, p, 2)), fmt)
+    empty: list[str] = []
+    write_list([], fmt, empty.append)
+    assert "".join(empty) == dump(as_list([]), fmt)
 
 
 def test_set_applies_to_every_command(capsys: pytest.CaptureFixture[str]) -> None:

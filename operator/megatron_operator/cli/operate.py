@@ -148,10 +148,10 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from megatron_operator.cluster.metrics import Metrics
     from megatron_operator.core.reconcile import Settings
 
+    claim_key = _claim_key(args.claim_key_file) if args.claim_key_file else None
     kube = Kube.connect(workers=args.workers)
-    if args.claim_key_file:
-        kube.claim_key = _claim_key(args.claim_key_file)
-    else:
+    kube.claim_key = claim_key
+    if claim_key is None:
         logging.getLogger(__name__).warning(
             "no --claim-key-file: a retained checkpoint claim is reused by its labels, which "
             "anyone who may create claims in the namespace can set (the chart gives a key)"

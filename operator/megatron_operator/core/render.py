@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from megatron_contract import env as contract_env
@@ -427,6 +428,16 @@ def children(job: MegatronJob, plan: Plan, *, isolate: bool = False) -> list[Obj
 def render(job: MegatronJob, plan: Plan, attempt: int = 0, *, isolate: bool = False) -> list[Obj]:
     """Every child object, in creation order: identity and config first, then pods."""
     return [*children(job, plan, isolate=isolate), *pods(job, plan, attempt)]
+
+
+def render_iter(
+    job: MegatronJob, plan: Plan, attempt: int = 0, *, isolate: bool = False
+) -> Iterator[Obj]:
+    """`render`, one object at a time: `mjob render` of a 4,096-pod job writes each pod as it is
+    rendered instead of holding them all (and their YAML) in memory."""
+    yield from children(job, plan, isolate=isolate)
+    for n in range(plan.nodes):
+        yield pod(job, plan, n, attempt)
 
 
 def as_list(objs: list[Obj]) -> Obj:
