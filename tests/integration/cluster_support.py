@@ -147,6 +147,16 @@ class Cluster:
             )
         return proc
 
+    def wait_crd_established(self, name: str, timeout: float = 60) -> None:
+        """Wait for a CRD's Established condition. A CRD the apiserver has just stored has no
+        status.conditions yet, and `kubectl wait` then fails at once ("accessor error: <nil>")
+        instead of waiting, so the condition is polled here."""
+        deadline = time.monotonic() + timeout
+        jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+        while self.kubectl("get", f"crd/{name}", "-o", jsonpath).stdout.strip() != "True":
+            assert time.monotonic() < deadline, f"CRD {name} not Established in {timeout:.0f} s"
+            time.sleep(0.5)
+
     def kubectl_json(self, *args: str) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
 

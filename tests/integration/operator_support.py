@@ -132,9 +132,7 @@ class Op:
 
 def install_crd(cluster: Cluster) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/megatronjobs.megatron.dev", "--timeout=60s"
-    )
+    cluster.wait_crd_established("megatronjobs.megatron.dev")
 
 
 @pytest.fixture(scope="module")

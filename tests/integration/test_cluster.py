@@ -493,7 +493,7 @@ def test_gc_of_dependents_of_a_custom_resource(cluster: Cluster, namespace: str)
         },
     }
     cluster.apply(crd)
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/owners.{group}", "--timeout=30s")
+    cluster.wait_crd_established(f"owners.{group}", timeout=30)
     cluster.apply(
         {"apiVersion": f"{group}/v1", "kind": "Owner", "metadata": {"name": "job"}}, namespace
     )

@@ -70,17 +70,20 @@ def _post_yaml(custom: Any, namespace: str, text: str) -> tuple[int, dict[str, A
     Returns the HTTP status and the decoded reply."""
     api = custom.api_client
     path = f"/apis/megatron.dev/v1alpha1/namespaces/{namespace}/megatronjobs"
-    try:
-        response = api.call_api(
-            "POST",
-            f"{api.configuration.host}{path}?dryRun=All&fieldValidation=Strict",
-            header_params={"Content-Type": "application/yaml", "Accept": "application/json"},
-            body=text.encode(),
-            _request_timeout=60,
-        )
-        status, data = response.status, response.read()
-    except ApiException as exc:
-        status, data = exc.status, exc.body
+    headers = {"Content-Type": "application/yaml", "Accept": "application/json"}
+    # The client's own connection pool (its TLS and client certificate), not call_api: that
+    # method's signature differs between client majors, and the raw body is what is sent here.
+    auth = api.configuration.auth_settings().get("BearerToken")
+    if auth and auth.get("value"):
+        headers[auth["key"]] = auth["value"]
+    response = api.rest_client.pool_manager.request(
+        "POST",
+        f"{api.configuration.host}{path}?dryRun=All&fieldValidation=Strict",
+        body=text.encode(),
+        headers=headers,
+        timeout=60,
+    )
+    status, data = response.status, response.data
     try:
         return status, dict(json.loads(data))
     except (TypeError, ValueError):

@@ -22,7 +22,7 @@ def test_fsdp_asks_megatron_core_for_fully_sharded_data_parallel() -> None:
         grad_reduce_in_fp32=True,
         use_distributed_optimizer=True,
         bucket_size=40_000_000,
-        **{**ddp_options(True), **fsdp_options(True)},
+        **{**ddp_options(True, "bf16", interleaved=False), **fsdp_options(True)},
     )
     assert ddp.use_megatron_fsdp
     assert ddp.data_parallel_sharding_strategy == "optim_grads_params"
