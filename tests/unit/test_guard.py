@@ -97,3 +97,24 @@ def test_the_backoff_is_capped_and_a_changed_error_is_logged_again() -> None:
     clock[0] += TRACEBACK_EVERY_SECONDS
     guard.failed(key, KeyError("other"))
     assert guard.jobs[key].logged_at == clock[0] and trouble is guard.jobs[key]
+
+
+def test_a_reconcile_finishing_while_the_operator_stops_posts_no_event(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """At SIGTERM the pools shut down while a reconcile may still be running: its events are
+    dropped quietly, not raised as an operator error (with a traceback) from the job's loop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    kube = Kube1()
+    pool = ThreadPoolExecutor(1)
+    pool.shutdown()
+    kube.pool = pool  # type: ignore[assignment]
+    c = Controller(cast(Kube, kube), Metrics(), decide=_buggy)
+    c.guard.draw = lambda: 0.0
+    with caplog.at_level(logging.INFO, logger="megatron_operator.cluster.controller"):
+        c._event(dict(JOB), "Normal", "Started", "attempt 0")
+        assert c.reconcile_job("team", "job") == 1.0  # the bug's ReconcileError event: dropped
+    assert [r.getMessage() for r in caplog.records if "not posted" in r.getMessage()] == [
+        "stopping: an event was not posted"
+    ] * 2

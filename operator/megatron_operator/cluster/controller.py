@@ -142,7 +142,7 @@ class Controller:
                 f"the operator failed to reconcile this job ({type(exc).__name__}: {exc}); "
                 f"its pods are left as they are, and it retries in {delay:.0f}s"
             )
-            self.kube.pool.submit(self._warn, namespace, name, "ReconcileError", message)
+            self._background(self._warn, namespace, name, "ReconcileError", message)
         return delay
 
     def _warn(self, namespace: str, name: str, reason: str, message: str) -> None:
@@ -155,7 +155,15 @@ class Controller:
 
     def _event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Post an event in the background, aggregated and rate-limited (cluster/events.py)."""
-        self.kube.pool.submit(self._post, dict(job), type_, reason, message, _now())
+        self._background(self._post, dict(job), type_, reason, message, _now())
+
+    def _background(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            self.kube.pool.submit(fn, *args)
+        except RuntimeError:
+            # The pool is shut down: the operator is stopping while a reconcile finishes. Its
+            # event is dropped; what it reports is in the status, written before.
+            log.info("stopping: an event was not posted")
 
     def _post(
         self, job: dict[str, Any], type_: str, reason: str, message: str, now: datetime
