@@ -18,23 +18,22 @@ TESTS = Path(__file__).resolve().parent
 
 
 def xdist_group(item: pytest.Item) -> str | None:
-    """The tests that share a session's expensive state, run by one xdist worker
-    (`-n 3 --dist loadgroup`): the kwok cluster, the real cluster, the trainer's reference
-    runs, the local runner's baseline. xdist hands the biggest groups out first, one worker
-    each, so the three big ones start at once: the two cluster groups mostly wait on their
-    clusters while the trainer group computes."""
+    """The tests that need the session's cluster with real nodes run on one xdist worker
+    (`-n 3 --dist loadgroup`): that cluster is started once per worker that uses it, and two
+    of them on one machine would collide (node names, namespaces, ~10 GB of images each).
+    Other session state (the kwok control plane, the trainer's reference runs) is cheap enough
+    to make once per worker, and spreading those tests keeps both cores busy."""
     path = Path(str(item.path)).resolve()
     if TESTS not in path.parents:
         return None
-    parts = path.relative_to(TESTS).parts
-    if parts[0] == "integration":
-        real = "real_cluster" in getattr(item, "fixturenames", ())
-        return "real-nodes" if real else "clusters"
-    if parts[0] in ("trainer", "local"):
-        return parts[0]
+    if "real_cluster" in getattr(item, "fixturenames", ()):
+        return "real-nodes"
     return None
 
 
+# Before xdist's own hook, which reads the marks to put the group into each node id: a mark
+# added after it is never seen, and every worker then starts a real cluster of its own.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.pluginmanager.hasplugin("xdist"):
         return

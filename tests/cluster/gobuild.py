@@ -66,6 +66,11 @@ KWOK_ZIP_STAGES = (
 
 Versions = dict[str, str]
 
+# Pins of tools built on demand, outside TOOLS and in cache directories of their own (jobset.py:
+# the JobSet peer of benchmarks/peer_jobset.py). Left out of the control plane's cache key, so
+# bumping one rebuilds only that tool.
+ON_DEMAND_PINS = ("JOBSET_VERSION",)
+
 
 def read_versions() -> Versions:
     if not VERSIONS_FILE.is_file():
@@ -349,10 +354,17 @@ def sync_tool_pins(v: Versions) -> None:
 # the build directory
 
 
+def pins_digested() -> bytes:
+    """versions.env as the control plane's cache key sees it: without the on-demand pins."""
+    lines = VERSIONS_FILE.read_bytes().splitlines(keepends=True)
+    skip = tuple(f"{k}=".encode() for k in ON_DEMAND_PINS)
+    return b"".join(line for line in lines if not line.startswith(skip))
+
+
 def source_digest(v: Versions) -> str:
     """Digest of everything that determines the binaries: pins, go.mod/go.sum, our Go sources,
     the tools' packages, tags and version flags, and the recipe."""
-    h = hashlib.sha256(RECIPE.encode() + VERSIONS_FILE.read_bytes())
+    h = hashlib.sha256(RECIPE.encode() + pins_digested())
     files: set[Path] = set()
     for tool in TOOLS:
         h.update(

@@ -214,7 +214,14 @@ def test_kueue_and_network_policy_rights_follow_their_values() -> None:
     objs = render("kueue.enabled=true", "watchNamespaces={team-a}")
     role = next(r for r in of_kind(objs, "Role") if r["metadata"]["namespace"] == "team-a")
     # Exactly what the operator calls (measured with the chart's token against real Kueue).
-    assert rules_for(role["rules"], "workloads") == {"get", "list", "watch", "create", "delete"}
+    assert rules_for(role["rules"], "workloads") == {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "delete",
+        "patch",
+    }
     assert rules_for(role["rules"], "workloads/status") == {"patch"}
     assert rules_for(role["rules"], "localqueues") == set()
     assert rules_for(role["rules"], "networkpolicies") == {"get", "list", "create", "delete"}

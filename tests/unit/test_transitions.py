@@ -12,6 +12,8 @@ from megatron_operator.api.transitions import check_update
 from .celcheck import check_spec
 from .specs import spec_of
 
+MK = "kueue.x-k8s.io/multikueue"
+
 CASES: list[tuple[str, dict[str, Any], dict[str, Any], bool]] = [
     ("trainIters any time", {}, {"training.trainIters": 500}, True),
     ("suspend any time", {}, {"suspend": True}, True),
@@ -42,6 +44,16 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], bool]] = [
     ("image while suspended", {"suspend": True}, {"suspend": True, "image": "trainer:v2"}, True),
     ("lr while running", {}, {"training.lr": 0.01}, False),
     ("precision added while running", {}, {"training.precision": "fp16"}, False),
+    ("managedBy set later", {}, {"managedBy": MK}, False),
+    ("managedBy removed", {"managedBy": MK}, {}, False),
+    ("managedBy changed", {"managedBy": MK}, {"managedBy": "example.com/other"}, False),
+    (
+        "managedBy changed while suspended",
+        {"suspend": True, "managedBy": MK},
+        {"suspend": True, "managedBy": "example.com/other"},
+        False,
+    ),
+    ("managedBy kept", {"managedBy": MK}, {"managedBy": MK, "training.trainIters": 500}, True),
 ]
 
 

@@ -20,7 +20,7 @@ from .base import (
     QUALIFIED_NAME_PATTERN,
     QUALIFIED_PREFIX_PATTERN,
 )
-from .transitions import NEVER, WHILE_SUSPENDED
+from .transitions import NEVER, SET_AT_CREATION, WHILE_SUSPENDED
 
 S = "self"
 M = "self.model"
@@ -518,6 +518,10 @@ TRANSITION_RULES: Final[list[dict[str, str]]] = [
         " && ".join(_same(p) for p in NEVER),
         "spec.model, training.globalBatchSize, checkpoint.volume, checkpoint.path and "
         "checkpoint.url are immutable: checkpoints and the data order depend on them",
+    ),
+    rule(
+        " && ".join(_same(p) for p in SET_AT_CREATION),
+        "spec.managedBy is immutable: it names the controller that runs the job",
     ),
     rule(
         f"(oldSelf.suspend && self.suspend) || ({_WHILE_SUSPENDED})",

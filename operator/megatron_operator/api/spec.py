@@ -32,6 +32,7 @@ from megatron_contract.bounds import (
 )
 from megatron_contract.recipes import RECIPE_NAMES
 
+from . import managedby
 from .base import (
     ApiModel,
     AutoOrPositiveInt,
@@ -683,4 +684,13 @@ class MegatronJobSpec(ApiModel):
     suspend: bool = Field(False, description="true deletes the pods (they checkpoint first).")
     ttl_seconds_after_finished: Seconds | None = Field(
         None, description="Delete the job this long after it Succeeded or Failed." + _DAYS
+    )
+    managed_by: str | None = Field(
+        None,
+        max_length=managedby.MAX_LENGTH,
+        pattern=managedby.PATTERN,
+        description=f"The controller that runs the job. Unset or {managedby.OPERATOR}: this "
+        f"operator. {managedby.MULTIKUEUE}: Kueue's MultiKueue runs it on a worker cluster and "
+        "mirrors its status here, where the operator creates only its Kueue Workload. Any other "
+        "value: another controller, and this operator leaves the job alone. Immutable.",
     )

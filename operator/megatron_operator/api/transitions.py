@@ -18,6 +18,8 @@ NEVER = (
     "checkpoint.path",
     "checkpoint.url",
 )
+# Set at creation: which controller runs the job (a job cannot move between controllers).
+SET_AT_CREATION = ("managedBy",)
 WHILE_SUSPENDED = (
     "image",
     "imagePullPolicy",
@@ -67,6 +69,15 @@ def check_update(
     errors = [
         FieldError(f"spec.{path}", "is immutable: delete and re-create the job to change it")
         for path in NEVER
+        if _get(a, path) != _get(b, path)
+    ]
+    errors += [
+        FieldError(
+            f"spec.{path}",
+            "is immutable: it names the controller that runs the job; delete and re-create the "
+            "job to change it",
+        )
+        for path in SET_AT_CREATION
         if _get(a, path) != _get(b, path)
     ]
     if not suspended:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from megatron_operator.api.managedby import Manager, manager_of_job
 from megatron_operator.cluster.errors import ApiError, ErrorKind, classify
 from megatron_operator.cluster.events import EventLimiter
 from megatron_operator.cluster.guard import BugGuard
@@ -24,6 +25,7 @@ from megatron_operator.cluster.ratelimit import ProgressLimiter
 from megatron_operator.cluster.watch import PodCache
 from megatron_operator.cluster.workloads import Queues
 from megatron_operator.core.backoff import Backoff
+from megatron_operator.core.multikueue import reconcile_dispatched
 from megatron_operator.core.names import progress_lease_name
 from megatron_operator.core.observe import PodView, lease_view, parse_time, pod_view
 from megatron_operator.core.reconcile import Outcome, Settings, World, reconcile
@@ -273,6 +275,8 @@ class Controller:
             return math.inf  # deleted and re-created: the new job has its own loop
         if job["metadata"].get("deletionTimestamp"):
             return self.settings.resync_seconds  # the delete handler takes it from here
+        if manager_of_job(job) is not Manager.OPERATOR:
+            return self._run_elsewhere(job)
         pods = self._pods(namespace, name)
         raw_status = job.get("status")
         status: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
@@ -300,6 +304,27 @@ class Controller:
         wrote = bool(out.create) or bool(out.delete_pods) or bool(out.force_delete)
         if wrote and self.refusals.pop((namespace, name), None) is not None:
             return min(out.requeue_after, 0.2)  # the next reconcile clears the condition
+        return out.requeue_after
+
+    def _run_elsewhere(self, job: dict[str, Any]) -> float:
+        """A job whose spec.managedBy names another controller: no child, no pod. For
+        MultiKueue only its Workload (core/multikueue.py); for anyone else nothing at all, and
+        its loop ends (managedBy is immutable)."""
+        meta = job["metadata"]
+        namespace, name = str(meta["namespace"]), str(meta["name"])
+        if manager_of_job(job) is not Manager.MULTIKUEUE or self.queues is None:
+            log.info(
+                "%s/%s: spec.managedBy names another controller; leaving it alone", namespace, name
+            )
+            return math.inf
+        world = World(job=job, pods=[], now=_now(), queue=self.queues.observe(job))
+        out = reconcile_dispatched(world, self.settings)
+        self._write_status(job, out)
+        if out.workload is not None:
+            self.queues.act(namespace, out.workload, _now())
+        if out.delete_job:
+            log.info("%s/%s: ttlSecondsAfterFinished passed: deleting the job", namespace, name)
+            self.kube.delete_job(namespace, name)
         return out.requeue_after
 
     def _write_status(self, job: dict[str, Any], out: Outcome) -> None:

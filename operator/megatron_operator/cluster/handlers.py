@@ -22,6 +22,7 @@ from typing import Any
 import kopf
 
 from megatron_operator.api.job import GROUP, PLURAL, VERSION
+from megatron_operator.api.managedby import Manager, manager_of
 from megatron_operator.cluster.controller import Controller, NodeLookup
 from megatron_operator.cluster.health import Health
 from megatron_operator.cluster.jobloops import JobLoops
@@ -243,13 +244,16 @@ async def job_changed(
     name: str,
     uid: str | None,
     meta: kopf.Meta,
+    spec: kopf.Spec,
     status: kopf.Status,
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
     """Start or wake the job's loop for a job seen for the first time (the initial list, a new
     job) or with a new spec (generation), and end it when the job is deleted. Our own status
-    writes also arrive here; reacting to them would double every reconcile, so they do not."""
+    writes and kopf's finalizer patches also arrive here; reacting to them would double every
+    reconcile, so they do not. A MultiKueue job is the exception: its status is the worker's,
+    copied here by Kueue, and its Workload's PodsReady follows it."""
     runtime = _runtime(memo)
     if namespace is None or runtime.loops is None:
         return  # MegatronJob is namespaced; the loops exist once start-up ran
@@ -261,7 +265,8 @@ async def job_changed(
         await cleanup(runtime, namespace, name, uid, status)
         return
     generation = meta.get("generation")
-    if key not in runtime.generations or runtime.generations[key] != generation:
+    mirrored = manager_of(spec.get("managedBy")) is Manager.MULTIKUEUE
+    if key not in runtime.generations or runtime.generations[key] != generation or mirrored:
         runtime.generations[key] = generation
         runtime.loops.ensure(namespace, name, uid)
 

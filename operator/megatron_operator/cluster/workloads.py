@@ -87,10 +87,15 @@ class Queues:
         if not local_queue:
             return None
         namespace, uid = str(meta["namespace"]), str(meta.get("uid") or "")
-        name = kueue.workload_name(str(meta["name"]), uid)
+        # A job MultiKueue copied here runs under the Workload it made (a copy of the manager's,
+        # owned by the manager's job: its controller is not this copy).
+        prebuilt = kueue.prebuilt_workload_of(
+            meta.get("annotations") or {}, meta.get("labels") or {}
+        )
+        name = prebuilt or kueue.workload_name(str(meta["name"]), uid)
         raw = self.get(namespace, name)
         foreign = None
-        if raw is not None and controller_uid(raw.get("metadata")) != uid:
+        if raw is not None and not prebuilt and controller_uid(raw.get("metadata")) != uid:
             # Someone else's object under our Workload's name: not read, used or deleted.
             foreign = (
                 f"Workload {name} exists and is not this job's (its controller is not the job): "
@@ -179,6 +184,8 @@ class Queues:
             self.delete(namespace, actions.delete)
         if actions.create:
             self._create(actions.create)
+        if actions.adopt:
+            self._adopt(namespace, actions.workload or "", actions.adopt)
         if actions.reset:
             self.reset(namespace, actions.reset, now)
         for cond in actions.conditions:
@@ -237,6 +244,29 @@ class Queues:
                     "operator does not modify, adopt or delete it. Delete it, or re-create "
                     "the job under another name"
                 ) from None
+
+    def _adopt(self, namespace: str, name: str, patch: Obj) -> None:
+        """Take over a prebuilt Workload (a merge patch carrying its resourceVersion: a
+        concurrent change makes it fail with 409, and the next reconcile looks again)."""
+        try:
+            call(
+                self.custom.patch_namespaced_custom_object,
+                kueue.GROUP,
+                kueue.VERSION,
+                namespace,
+                kueue.WORKLOAD_PLURAL,
+                name,
+                patch,
+                _content_type=MERGE_PATCH,
+            )
+            log.info("%s: took over Workload %s (made by MultiKueue)", namespace, name)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(
+                    f"{namespace}/{name}: the Workload changed while taken over"
+                ) from None
+            if exc.status != 404:
+                raise
 
     def _patch_status(self, namespace: str, name: str, body: Obj, **kwargs: Any) -> None:
         call(

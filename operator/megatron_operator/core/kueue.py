@@ -45,6 +45,11 @@ LABEL_QUEUE_NAME: Final = f"{GROUP}/queue-name"
 LABEL_PRIORITY_CLASS: Final = f"{GROUP}/priority-class"
 # On the Workload: the owning job's uid (how Kueue's integrations find a job's Workloads).
 LABEL_JOB_UID: Final = f"{GROUP}/job-uid"
+# On a job that MultiKueue copied to a worker cluster: the Workload it already made for it there
+# (a copy of the manager's; an annotation since Kueue 0.18's WorkloadIdentifierAnnotations, a
+# label before, the same key), and which manager made it.
+PREBUILT_WORKLOAD: Final = f"{GROUP}/prebuilt-workload-name"
+LABEL_MULTIKUEUE_ORIGIN: Final = f"{GROUP}/multikueue-origin"
 # On pods.
 LABEL_PODSET: Final = f"{GROUP}/podset"
 ANNOTATION_WORKLOAD: Final = f"{GROUP}/workload"
@@ -92,6 +97,9 @@ class PodsReadyReason(StrEnum):
 class FinishedReason(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    # A prebuilt Workload that does not match its job (Kueue's jobframework says the same):
+    # MultiKueue then dispatches the job again rather than counting it finished.
+    OUT_OF_SYNC = "OutOfSync"
 
 
 class EvictionReason(StrEnum):
@@ -140,6 +148,59 @@ def workload_name(job_name: str, uid: str) -> str:
     return f"{prefix}-{digest}"
 
 
+def prebuilt_workload_of(annotations: Mapping[str, str], labels: Mapping[str, str]) -> str | None:
+    """The Workload MultiKueue made for a job it copied to this (worker) cluster, or None: the
+    annotation first, then the label (Kueue's jobframework PrebuiltWorkloadNameFor)."""
+    for where in (annotations, labels):
+        name = str(where.get(PREBUILT_WORKLOAD) or "").strip()
+        if name:
+            return name
+    return None
+
+
+def prebuilt_workload(job: MegatronJob) -> str | None:
+    return prebuilt_workload_of(job.metadata.annotations, job.metadata.labels)
+
+
+def job_workload_name(job: MegatronJob) -> str:
+    """The job's Workload: the prebuilt one when MultiKueue made it, else our own name."""
+    return prebuilt_workload(job) or workload_name(job.name, job.metadata.uid or "")
+
+
+def adoption_patch(raw: Mapping[str, Any], job: MegatronJob) -> Obj | None:
+    """The merge patch that makes a prebuilt Workload the job's (a controller ownerReference
+    and the job-uid labels, as Kueue's jobframework does for its own jobs); None when it is
+    already. A Workload another object controls, or one another MultiKueue manager made (its
+    origin label is not the job's), is never taken: KueueError names it."""
+    meta = raw.get("metadata") or {}
+    refs = [dict(r) for r in meta.get("ownerReferences") or []]
+    uid = job.metadata.uid or ""
+    controller = next((r for r in refs if r.get("controller")), None)
+    if controller is not None:
+        if controller.get("uid") == uid:
+            return None
+        raise KueueError(
+            f"Workload {meta.get('name')} is controlled by {controller.get('kind')} "
+            f"{controller.get('name')} (uid {controller.get('uid')}), not by this job"
+        )
+    origin = (meta.get("labels") or {}).get(LABEL_MULTIKUEUE_ORIGIN)
+    if origin is not None and job.metadata.labels.get(LABEL_MULTIKUEUE_ORIGIN) != origin:
+        raise KueueError(
+            f"Workload {meta.get('name')} was made by MultiKueue manager {origin!r}, but the job "
+            f"carries {LABEL_MULTIKUEUE_ORIGIN}={job.metadata.labels.get(LABEL_MULTIKUEUE_ORIGIN)!r}"
+        )
+    version = meta.get("resourceVersion")
+    if not version:
+        raise KueueError("metadata.resourceVersion is missing: patch a Workload read back")
+    return {
+        "metadata": {
+            "resourceVersion": str(version),
+            "ownerReferences": [*refs, owner_reference(job)],
+            "labels": {**job_labels(job), LABEL_JOB_UID: uid},
+        }
+    }
+
+
 def priority_class_ref(job: MegatronJob) -> Obj | None:
     """What the job's priority comes from, for the caller to look up its value: a Kueue
     WorkloadPriorityClass (label kueue.x-k8s.io/priority-class, which Kueue prefers, as for its
@@ -181,6 +242,25 @@ def pod_template(job: MegatronJob, plan: Plan) -> Obj:
     }
 
 
+def render_podsets(job: MegatronJob, plan: Plan) -> list[Obj]:
+    """The Workload's podSets: one per pod role (a MegatronJob has one, every node alike)."""
+    podset: Obj = {"name": PODSET_TRAINER, "count": plan.nodes, "template": pod_template(job, plan)}
+    request = topology_request(job)
+    if request is not None:
+        podset["topologyRequest"] = request
+    return [podset]
+
+
+def prebuilt_outdated(raw: Mapping[str, Any], job: MegatronJob, plan: Plan) -> list[str]:
+    """How a prebuilt Workload (made by MultiKueue from the manager's) differs from what this
+    job's pods need: its queue and podSets (priority is the manager's to decide)."""
+    desired = {"spec": {"queueName": queue_name(job), "podSets": render_podsets(job, plan)}}
+    have = {
+        "spec": {k: v for k, v in (raw.get("spec") or {}).items() if k in ("queueName", "podSets")}
+    }
+    return workload_outdated(have, desired)
+
+
 def render_workload(job: MegatronJob, plan: Plan, priority: int | None = None) -> Obj:
     """The Workload for a queued job. `priority` is the value of the class `priority_class_ref`
     names (Kueue requires it whenever the ref is set)."""
@@ -188,11 +268,7 @@ def render_workload(job: MegatronJob, plan: Plan, priority: int | None = None) -
     if queue is None:
         raise KueueError(f"metadata.labels: label {LABEL_QUEUE_NAME} names no LocalQueue")
     uid = job.metadata.uid or ""
-    podset: Obj = {"name": PODSET_TRAINER, "count": plan.nodes, "template": pod_template(job, plan)}
-    request = topology_request(job)
-    if request is not None:
-        podset["topologyRequest"] = request
-    spec: Obj = {"queueName": queue, "podSets": [podset]}
+    spec: Obj = {"queueName": queue, "podSets": render_podsets(job, plan)}
     ref = priority_class_ref(job)
     if ref is not None:
         if priority is None:
@@ -570,6 +646,20 @@ def pods_ready_condition(raw: Mapping[str, Any], all_ready: bool, now: datetime)
         ready,
         reason,
         _PODS_READY_MESSAGE[reason],
+        now,
+        previous,
+        _generation(raw),
+    )
+
+
+def out_of_sync_condition(raw: Mapping[str, Any], message: str, now: datetime) -> Obj:
+    """Finished=True/OutOfSync for a prebuilt Workload that does not match its job."""
+    previous = find_condition(raw, ConditionType.FINISHED)
+    return condition(
+        ConditionType.FINISHED,
+        True,
+        FinishedReason.OUT_OF_SYNC,
+        message,
         now,
         previous,
         _generation(raw),

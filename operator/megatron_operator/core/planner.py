@@ -431,7 +431,7 @@ def _view(p: Plan) -> tuple[ModelConfig, ParallelDegrees, TrainingConfig, Memory
 
 
 def suggestions(spec: MegatronJobSpec) -> list[Suggestion[Plan]]:
-    """Every valid layout of the spec that fits, best first (core/layouts.py explains the cost
+    """Every valid layout of the spec that fits, best first (core/cost.py explains the cost
     model). The spec's own degrees are ignored; its sequenceParallel and recompute are kept
     (recompute may be raised to fit). Raises SpecError for problems no layout can fix."""
     manual = spec.model_copy(update={"parallelism": _AUTO_FREE})

@@ -52,12 +52,13 @@ class WorkloadActions:
 
     delete: str | None = None  # a stale Workload (podSets are immutable): replace it
     create: Obj | None = None
+    adopt: Obj | None = None  # a merge patch making a prebuilt Workload (MultiKueue's) the job's
     reset: str | None = None  # the eviction reset of this Workload, once no pod is live
     conditions: list[Obj] = field(default_factory=list)  # each applied alone (PodsReady, Finished)
     workload: str = ""  # the Workload the conditions go to
 
     def __bool__(self) -> bool:
-        return bool(self.delete or self.create or self.reset or self.conditions)
+        return bool(self.delete or self.create or self.adopt or self.reset or self.conditions)
 
 
 class Host(Protocol):
@@ -98,10 +99,12 @@ class Queueing:
         """True when the Workload is admitted: the pods may run. Otherwise the job is Queued,
         its pods are stopped, and the Workload is created, replaced or reset as needed."""
         st, state = self.st, self.state
-        name = kueue.workload_name(job.name, job.metadata.uid or "")
+        name = kueue.job_workload_name(job)
         st.workload = name
         st.local_queue = self.q.local_queue
         self.nodes = p.nodes
+        if not self._prebuilt_usable(job, p, name, pods):
+            return False
         if state is not None and state.phase is WorkloadPhase.ADMITTED:
             self._admitted(state, name)
             return True
@@ -115,12 +118,41 @@ class Queueing:
         elif state.phase is WorkloadPhase.EVICTED:
             if not live:
                 self.actions.reset = name  # hands the quota back; Kueue may then re-admit it
+        elif state.phase is WorkloadPhase.FINISHED and kueue.prebuilt_workload(job):
+            self._waiting(Reason.QUEUED, f"Workload {name} was Finished by Kueue: {state.message}")
         elif state.phase is WorkloadPhase.FINISHED:
             # Finished before the job ended (a job revived after a fixed spec): a new one.
             self.actions.delete = name
             self._waiting(Reason.QUEUED, f"Workload {name} was Finished: replacing it")
         else:
             self._pending(job, p, name, state)
+        return False
+
+    def _prebuilt_usable(self, job: MegatronJob, p: Plan, name: str, pods: list[PodView]) -> bool:
+        """A job MultiKueue copied to this worker cluster runs under the Workload MultiKueue made
+        for it (a copy of the manager's): take it over, unless another object controls it or
+        it does not match the job (then Finished/OutOfSync, and MultiKueue dispatches again).
+        True when there is nothing in the way (or no prebuilt Workload at all)."""
+        raw, state = self.q.workload, self.state
+        if not kueue.prebuilt_workload(job) or raw is None or state is None:
+            return True
+        if state.phase is WorkloadPhase.FINISHED:
+            return True
+        try:
+            self.actions.adopt = kueue.adoption_patch(raw, job)
+            self.actions.workload = name
+        except KueueError as exc:
+            self.host.delete(pods)
+            self._waiting(Reason.QUEUED, str(exc), EventType.WARNING)
+            return False
+        stale = kueue.prebuilt_outdated(raw, job, p)
+        if not stale:
+            return True
+        message = f"Workload {name} does not match the job ({', '.join(stale)})"
+        self.actions.conditions.append(kueue.out_of_sync_condition(raw, message, self.now))
+        self.actions.workload = name
+        self.host.delete(pods)
+        self._waiting(Reason.QUEUED, message, EventType.WARNING)
         return False
 
     def _enter_queue(self, job: MegatronJob, p: Plan, name: str, state: QueuedState | None) -> None:
@@ -170,6 +202,9 @@ class Queueing:
             self.host.event(EventType.NORMAL, Reason.ADMITTED, message)
 
     def _create(self, job: MegatronJob, p: Plan, name: str, live: bool) -> None:
+        if kueue.prebuilt_workload(job):  # MultiKueue makes it, before it copies the job here
+            self._waiting(Reason.QUEUED, f"waiting for Workload {name}, which MultiKueue makes")
+            return
         if self.q.problem:
             self._waiting(Reason.QUEUED, self.q.problem, EventType.WARNING)
             return
@@ -185,7 +220,8 @@ class Queueing:
     def _pending(self, job: MegatronJob, p: Plan, name: str, state: QueuedState) -> None:
         raw = self.q.workload
         assert raw is not None
-        if state.phase is WorkloadPhase.PENDING and not self.q.problem:
+        prebuilt = kueue.prebuilt_workload(job) is not None  # checked in _prebuilt_usable
+        if state.phase is WorkloadPhase.PENDING and not self.q.problem and not prebuilt:
             try:
                 desired = kueue.render_workload(job, p, self.q.priority)
             except KueueError:
