@@ -324,7 +324,7 @@ class Controller:
             self.queues.act(namespace, out.workload, _now())
         if out.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished passed: deleting the job", namespace, name)
-            self.kube.delete_job(namespace, name)
+            self.kube.delete_job(namespace, name, job["metadata"].get("uid"))
         return out.requeue_after
 
     def _write_status(self, job: dict[str, Any], out: Outcome) -> None:
