@@ -233,7 +233,7 @@ def window(
                 }
                 try:
                     c.coordination.patch_namespaced_lease(f"{name}-progress", NS, body)
-                except kubernetes.client.exceptions.ApiException:
+                except Exception:  # a refusal or a timeout of a loaded apiserver: keep writing
                     continue
                 with lock:
                     lease_writes[0] += 1

@@ -432,6 +432,46 @@ def test_install_upgrade_uninstall_with_a_running_job(
         assert "--workers=16" in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
         cluster.kubectl("get", "pdb", "-n", namespace, "mo-megatron-operator")
         assert allowed(cluster, user, "create", "kueue.x-k8s.io", "workloads", jobs_namespace)
+
+        # The guardrail's one exception: taking over a Workload MultiKueue made (no controller
+        # yet) when the update makes it ours; never one another object controls.
+        def workload(name: str, refs: list[dict[str, Any]]) -> dict[str, Any]:
+            return {
+                "apiVersion": "kueue.x-k8s.io/v1beta1",
+                "kind": "Workload",
+                "metadata": {"name": name, "ownerReferences": refs},
+                "spec": {
+                    "queueName": "q",
+                    "podSets": [{"name": "main", "count": 1, "template": {"spec": {
+                        "restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}],
+                    }}}],
+                },
+            }  # fmt: skip
+
+        cluster.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "other"}},
+                      jobs_namespace)  # fmt: skip
+        uid = cluster.kubectl_json("get", "configmap", "other", "-n", jobs_namespace)
+        other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "other",
+                 "uid": uid["metadata"]["uid"]}  # fmt: skip
+        cluster.apply(workload("mk-copy", []), jobs_namespace)
+        cluster.apply(workload("theirs", [{**other, "controller": True}]), jobs_namespace)
+        take = {
+            "metadata": {
+                "labels": {"app.kubernetes.io/managed-by": "megatron-operator"},
+                "ownerReferences": [{**other, "name": "job", "uid": "2", "controller": True}],
+            }
+        }
+        for name, patch, ok in (
+            ("mk-copy", {"metadata": {"labels": {"x": "y"}}}, False),  # not made ours
+            ("mk-copy", take, True),
+            ("theirs", take, False),
+        ):
+            proc = cluster.kubectl(
+                "patch", "workloads.kueue.x-k8s.io", name, "-n", jobs_namespace, as_operator,
+                "--type=merge", "-p", json.dumps(patch), "--dry-run=server", check=False,
+            )  # fmt: skip
+            assert (proc.returncode == 0) == ok, (name, proc.stderr)
+            assert ok or "operator-writes" in proc.stderr
         op.stop()
         op.start()
         time.sleep(10)  # longer than --node-lost-grace-seconds=5: a misjudged node would show
