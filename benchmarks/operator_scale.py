@@ -123,7 +123,13 @@ class Bench:
                 "data": {"mock": True},
                 "resources": {"nodes": nodes, "procsPerNode": 8, "requests": {"cpu": "1"}},
                 "checkpoint": {"volume": {"claimName": "bench"}, "gracePeriodSeconds": 1},
-                "restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0, "maxRestarts": 100},
+                # The gang restart measured here is the Recreate rung (kwok runs no launcher).
+                "restartPolicy": {
+                    "backoffSeconds": 0,
+                    "maxBackoffSeconds": 0,
+                    "maxRestarts": 100,
+                    "strategy": "Recreate",
+                },
                 **spec,
             },
         }

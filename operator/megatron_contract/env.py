@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from megatron_contract.errors import ConfigError
+from megatron_contract.ladder import DEFAULT_COORDINATOR_PORT, RECREATE, STRATEGIES
 from megatron_contract.paths import DEFAULT_CONFIG_PATH
 
 MASTER_ADDR: Final = "MASTER_ADDR"
@@ -21,6 +22,16 @@ RESTART_ATTEMPT: Final = "MEGATRON_RESTART_ATTEMPT"
 # The job's progress Lease (coordination.k8s.io/v1) that rank 0 writes; unset outside a cluster.
 PROGRESS_LEASE: Final = "MEGATRON_PROGRESS_LEASE"
 PROGRESS_FILE: Final = "MEGATRON_PROGRESS_FILE"
+# The restart ladder (docs/contract.md §5): InPlace makes the launcher keep its pod through a
+# failed rank and wait for the operator's decision; Recreate (and unset) makes it exit with the
+# failed rank's code, as a plain launcher does.
+RESTART_STRATEGY: Final = "MEGATRON_RESTART_STRATEGY"
+# The port of MASTER_ADDR where the coordinator (the launcher of node rank 0) listens.
+COORDINATOR_PORT: Final = "MEGATRON_COORDINATOR_PORT"
+# Locally (`mjob run --local`), where there is no apiserver: the job status the runner writes
+# (the coordinator reads the decision there) and the file the coordinator writes its report to.
+STATUS_FILE: Final = "MEGATRON_STATUS_FILE"
+REPORT_FILE: Final = "MEGATRON_REPORT_FILE"
 POD_NAME: Final = "POD_NAME"
 POD_NAMESPACE: Final = "POD_NAMESPACE"
 # Never set by the operator: `STEP[:RANK[:KILL|TERM|RAISE]][,…]` for chaos tests (spec.env may
@@ -51,6 +62,10 @@ RESERVED: Final = frozenset(
         RESTART_ATTEMPT,
         PROGRESS_LEASE,
         PROGRESS_FILE,
+        RESTART_STRATEGY,
+        COORDINATOR_PORT,
+        STATUS_FILE,
+        REPORT_FILE,
         POD_NAME,
         POD_NAMESPACE,
         SCRATCH,
@@ -83,6 +98,10 @@ class RuntimeEnv:
     progress_file: str | None
     progress_lease: str | None
     inject_failures: tuple[FailureInjection, ...]
+    restart_strategy: str = RECREATE
+    coordinator_port: int = DEFAULT_COORDINATOR_PORT
+    status_file: str | None = None
+    report_file: str | None = None
 
     def global_rank(self, local_rank: int) -> int:
         """Ranks are contiguous per node, so TP groups (innermost) stay inside one pod."""
@@ -120,6 +139,14 @@ def runtime_env(environ: Mapping[str, str]) -> RuntimeEnv:
     node_rank = integer(NODE_RANK, 0)
     nproc = integer(NPROC_PER_NODE, 1)
     restart_attempt = integer(RESTART_ATTEMPT, 0, default=0)
+    coordinator_port = integer(COORDINATOR_PORT, 1, default=DEFAULT_COORDINATOR_PORT)
+    if coordinator_port is not None and coordinator_port > 65535:
+        problems.append(f"{COORDINATOR_PORT}: must be a TCP port (1-65535), got {coordinator_port}")
+    strategy = environ.get(RESTART_STRATEGY) or RECREATE
+    if strategy not in STRATEGIES:
+        problems.append(
+            f"{RESTART_STRATEGY}: must be one of {', '.join(STRATEGIES)}, got {strategy!r}"
+        )
     sizes = (world_size, nnodes, nproc)
     if None not in sizes and world_size != (nnodes or 0) * (nproc or 0):
         problems.append(
@@ -133,6 +160,7 @@ def runtime_env(environ: Mapping[str, str]) -> RuntimeEnv:
         raise ConfigError(problems)
     assert master_port is not None and world_size is not None and nnodes is not None
     assert node_rank is not None and nproc is not None and restart_attempt is not None
+    assert coordinator_port is not None
     return RuntimeEnv(
         master_addr=master_addr,
         master_port=master_port,
@@ -148,6 +176,10 @@ def runtime_env(environ: Mapping[str, str]) -> RuntimeEnv:
         progress_file=environ.get(PROGRESS_FILE) or None,
         progress_lease=environ.get(PROGRESS_LEASE) or None,
         inject_failures=injections,
+        restart_strategy=strategy,
+        coordinator_port=coordinator_port,
+        status_file=environ.get(STATUS_FILE) or None,
+        report_file=environ.get(REPORT_FILE) or None,
     )
 
 

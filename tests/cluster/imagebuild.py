@@ -303,7 +303,10 @@ def ensure_images(verbose: bool = True) -> dict[str, Image]:
             b("pull", f"oci-archive:{base.archive}", what="loading the base image")
         for img, dockerfile, args in todo:
             t = time.monotonic()
-            build_image(b, dockerfile, img.ref, img.archive, args, logs / f"{img.name}.log")
+            # One log per image key: worktrees and branches build different keys, and a failure
+            # must show its own build's lines.
+            logfile = logs / img.archive.name.replace(".oci.tar", ".log")
+            build_image(b, dockerfile, img.ref, img.archive, args, logfile)
             log(f"{img.name} image {img.ref} built in {time.monotonic() - t:.0f} s")
         for stale in cache.glob("*.oci.tar"):
             if stale not in {i.archive for i in out.values()} and verbose:

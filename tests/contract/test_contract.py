@@ -116,12 +116,14 @@ def test_the_renderer_sets_exactly_the_reserved_env() -> None:
     pod = next(o for o in render(job, plan(job.spec)) if o["kind"] == "Pod")
     names = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     assert names <= RESERVED_ENV
-    # PROGRESS_FILE: set only by mjob run --local; SCRATCH: only with checkpoint.url (below).
-    assert RESERVED_ENV - names == {"MEGATRON_PROGRESS_FILE", "MEGATRON_SCRATCH"}
+    # Set only by mjob run --local, where there is no apiserver: PROGRESS_FILE, and the
+    # restart ladder's status and report files; SCRATCH: only with checkpoint.url (below).
+    local_only = {"MEGATRON_PROGRESS_FILE", "MEGATRON_STATUS_FILE", "MEGATRON_REPORT_FILE"}
+    assert RESERVED_ENV - names == {*local_only, "MEGATRON_SCRATCH"}
     job = load_file(ROOT / "examples" / "llama3-8b-auto.yaml")
     pod = next(o for o in render(job, plan(job.spec)) if o["kind"] == "Pod")
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    assert RESERVED_ENV - set(env) == {"MEGATRON_PROGRESS_FILE"}
+    assert RESERVED_ENV - set(env) == local_only
     # MSC's own variable, last: the mounted Secret wins over any spec.env entry of that name.
     assert list(env)[-2:] == ["MSC_CONFIG", "MEGATRON_SCRATCH"]
     assert env["MSC_CONFIG"] == "/etc/megatron-msc/msc_config.yaml"
@@ -132,3 +134,83 @@ def test_keep_zero_means_keep_all_on_both_sides(tmp_path: Path) -> None:
     cm = next(o for o in render(job, plan(job.spec)) if o["kind"] == "ConfigMap")
     (tmp_path / "c.json").write_text(cm["data"]["config.json"])
     assert load_config(tmp_path / "c.json").checkpoint.keep == 0
+
+
+# --- the restart ladder (docs/contract.md §5) ---------------------------------------------------
+def test_the_ladder_vocabulary_is_the_operators() -> None:
+    from typing import get_args
+
+    from megatron_contract import ladder
+    from megatron_operator.api.spec import RestartStrategy
+    from megatron_operator.api.status import Phase
+    from megatron_operator.core.jobstatus import JobStatus
+
+    assert ladder.PHASE_RESTARTING == Phase.RESTARTING
+    assert set(ladder.PHASES_ENDED) == {Phase.SUCCEEDED, Phase.FAILED}
+    assert get_args(RestartStrategy) == ladder.STRATEGIES
+    # The status keys the coordinator reads are the ones the operator writes.
+    raw = JobStatus(phase=Phase.RESTARTING, restart_attempt=3).to_raw()
+    assert raw[ladder.STATUS_RESTART_ATTEMPT] == 3 and raw[ladder.STATUS_PHASE] == "Restarting"
+
+
+def test_a_rendered_pod_runs_its_launcher_in_place_with_the_coordinator_port() -> None:
+    from megatron_contract.ladder import DEFAULT_COORDINATOR_PORT, IN_PLACE
+
+    job = load_file(ROOT / "examples" / "cpu-tiny.yaml")
+    pod = next(o for o in render(job, plan(job.spec)) if o["kind"] == "Pod")
+    env = runtime_env(_pod_env(pod))
+    assert (env.restart_strategy, env.coordinator_port) == (IN_PLACE, DEFAULT_COORDINATOR_PORT)
+    ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert ports["coordinator"] == DEFAULT_COORDINATOR_PORT
+    recreate = load_file(ROOT / "examples" / "cpu-tiny.yaml", ["restartPolicy.strategy=Recreate"])
+    pod = next(o for o in render(recreate, plan(recreate.spec)) if o["kind"] == "Pod")
+    assert runtime_env(_pod_env(pod)).restart_strategy == "Recreate"
+
+
+def test_the_launchers_report_reads_back_and_garbage_reads_as_none() -> None:
+    from megatron_contract.ladder import (
+        MAX_FAILURES,
+        MAX_REPORT_CHARS,
+        LostLauncher,
+        RankFailure,
+        Report,
+        parse_report,
+    )
+    from megatron_operator.core.observe import lease_view
+
+    report = Report(
+        attempt=4,
+        nodes=3,
+        started=3,
+        started_at="2026-11-25T19:34:03.952095Z",
+        seen_at="2026-11-25T19:34:03.876850Z",
+        failures=(RankFailure(1, 0, 137, "t1"), RankFailure(2, 1, 1, "t2")),
+        lost=(LostLauncher(2, "job-a0-2", "t3"),),
+    )
+    assert parse_report(report.dumps()) == report
+    lease = {"metadata": {"annotations": {"megatron.dev/launchers": report.dumps()}}}
+    view = lease_view(lease)
+    assert view is not None and view.report == report
+    too_many = Report(0, 1, failures=tuple(RankFailure(0, i, 1, "t") for i in range(99)))
+    parsed = parse_report(too_many.dumps())
+    assert parsed is not None and len(parsed.failures) == MAX_FAILURES
+    for garbage in (
+        None,
+        5,
+        "",
+        "{",
+        "[]",
+        "x" * (MAX_REPORT_CHARS + 1),
+        "[" * 100_000,
+        '{"attempt": -1, "nodes": 1}',
+        '{"attempt": true, "nodes": 1}',
+        '{"attempt": "3", "nodes": 1}',
+        '{"attempt": 1e400, "nodes": 1}',
+        '{"attempt": 99999999999999999999, "nodes": 1}',
+    ):
+        assert parse_report(garbage) is None, garbage
+    # Bad entries are dropped one by one; the rest is kept.
+    mixed = json.loads(report.dumps())
+    mixed["failures"] += [{"nodeRank": "1"}, None, {"nodeRank": 0, "localRank": 0, "exitCode": 999}]
+    mixed["lost"].append({"nodeRank": 1, "pod": "x" * 300, "time": "t"})
+    assert parse_report(json.dumps(mixed)) == report

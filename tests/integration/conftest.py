@@ -44,7 +44,6 @@ import os
 import re
 import shlex
 import shutil
-import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -63,15 +62,27 @@ from .cluster_support import (
     start_cluster,
 )
 from .real_nodes_support import (
+    OPERATOR_NODE,
+    OPERATOR_NS,
     SKIP_REASON,
     EarlyStart,
     RealCluster,
     assert_nothing_left,
+    install_operator,
     real_nodes_requested,
     uses_real_nodes,
 )
 
-__all__ = ["DRIVER", "REPO", "Cluster", "build_paths", "run_driver", "start_cluster"]
+__all__ = [
+    "DRIVER",
+    "OPERATOR_NODE",
+    "OPERATOR_NS",
+    "REPO",
+    "Cluster",
+    "build_paths",
+    "run_driver",
+    "start_cluster",
+]
 
 INTEGRATION_DIR = Path(__file__).resolve().parent
 
@@ -232,53 +243,8 @@ def real_cluster(request: pytest.FixtureRequest) -> Iterator[RealCluster]:
             shutil.rmtree(c.state_dir, ignore_errors=True)
 
 
-OPERATOR_NS = "megatron-system"
-OPERATOR_NODE = "real-node-0"
-CHART = REPO / "charts" / "megatron-operator"
-
-
 @pytest.fixture(scope="session")
 def real_operator(real_cluster: RealCluster) -> Iterator[RealCluster]:
     """`helm install` of the chart, with the operator image built from Dockerfile.operator,
     pinned to real-node-0 (a test that loses a node never takes the operator with it)."""
-    c = real_cluster
-    repo, tag = c.image("operator").rsplit(":", 1)
-    c.kubectl("create", "namespace", OPERATOR_NS)
-    c.helm(
-        "install",
-        "mo",
-        str(CHART),
-        "-n",
-        OPERATOR_NS,
-        "--set",
-        f"image.repository={repo}",
-        "--set",
-        f"image.tag={tag}",
-        "--set-string",
-        f"nodeSelector.kubernetes\\.io/hostname={OPERATOR_NODE}",
-        "--set",
-        "resources.requests.cpu=100m",
-        "--set",
-        "nodeLostGraceSeconds=10",
-        # The scenarios make a namespace each; the chart's default watches its own only.
-        "--set",
-        "clusterWide=true",
-        "--wait",
-        "--timeout",
-        "300s",
-        timeout=330,
-    )
-    try:
-        yield c
-    finally:
-        logs = c.kubectl(
-            "logs",
-            "-n",
-            OPERATOR_NS,
-            "-l",
-            "app.kubernetes.io/name=megatron-operator",
-            "--tail",
-            "200",
-            check=False,
-        )
-        print("--- operator log (tail)\n" + logs.stdout + logs.stderr, file=sys.stderr)
+    yield from install_operator(real_cluster)

@@ -168,8 +168,10 @@ def tiny_gpu_job(name: str, nodes: int = 2, **spec: Any) -> dict[str, Any]:
             # The cluster's default StorageClass provisions hostPath volumes on demand.
             "checkpoint": {"volume": {"create": {"size": "1Gi"}}, "gracePeriodSeconds": 1},
             # A 2 s backoff also keeps clear of kwok, which can replay a stale delete of an old
-            # pod onto the next attempt's pod of the same name within about a second.
-            "restartPolicy": {"backoffSeconds": 2, "maxBackoffSeconds": 4},
+            # pod onto the next attempt's pod of the same name within about a second. kwok's
+            # pods run no launcher, so these jobs recreate the gang on any failure; the lower
+            # rungs, with a test playing the launchers, are test_operator_ladder.py's.
+            "restartPolicy": {"backoffSeconds": 2, "maxBackoffSeconds": 4, "strategy": "Recreate"},
         },
     }
     _merge(doc["spec"], spec)

@@ -12,9 +12,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,16 @@ class RealCluster(Cluster):
 
     def kill_container(self, namespace: str, pod: str, signal: str = "KILL") -> dict[str, str]:
         out = self.driver("kill-container", f"{namespace}/{pod}", "--signal", signal)
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def kill_process(
+        self, namespace: str, pod: str, match: str, signal: str = "KILL", **env: str
+    ) -> dict[str, str]:
+        """Signal one process inside the pod's container (e.g. one rank), not the container."""
+        flags = [f"--env={k}={v}" for k, v in env.items()]
+        out = self.driver(
+            "kill-process", f"{namespace}/{pod}", "--match", match, "--signal", signal, *flags
+        )
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
     def kill_node(self, name: str, timeout: int = 120) -> str:
@@ -224,3 +236,54 @@ def processes_mentioning(text: str) -> list[str]:
 def cluster_json(state: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((state / "cluster.json").read_text())
     return data
+
+
+OPERATOR_NS = "megatron-system"
+OPERATOR_NODE = "real-node-0"
+CHART = Path(__file__).resolve().parents[2] / "charts" / "megatron-operator"
+
+
+def install_operator(c: RealCluster) -> Iterator[RealCluster]:
+    """`helm install` of the chart, with the operator image built from Dockerfile.operator,
+    pinned to real-node-0 (a test that loses a node never takes the operator with it); the
+    operator's log tail is printed at the end."""
+    repo, tag = c.image("operator").rsplit(":", 1)
+    c.kubectl("create", "namespace", OPERATOR_NS)
+    c.helm(
+        "install",
+        "mo",
+        str(CHART),
+        "-n",
+        OPERATOR_NS,
+        "--set",
+        f"image.repository={repo}",
+        "--set",
+        f"image.tag={tag}",
+        "--set-string",
+        f"nodeSelector.kubernetes\\.io/hostname={OPERATOR_NODE}",
+        "--set",
+        "resources.requests.cpu=100m",
+        "--set",
+        "nodeLostGraceSeconds=10",
+        # The scenarios make a namespace each; the chart's default watches its own only.
+        "--set",
+        "clusterWide=true",
+        "--wait",
+        "--timeout",
+        "300s",
+        timeout=330,
+    )
+    try:
+        yield c
+    finally:
+        logs = c.kubectl(
+            "logs",
+            "-n",
+            OPERATOR_NS,
+            "-l",
+            "app.kubernetes.io/name=megatron-operator",
+            "--tail",
+            "200",
+            check=False,
+        )
+        print("--- operator log (tail)\n" + logs.stdout + logs.stderr, file=sys.stderr)

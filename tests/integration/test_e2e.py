@@ -78,11 +78,14 @@ def spec(trainer_image: str, **changes: Any) -> dict[str, Any]:
             "keep": 0,
             "gracePeriodSeconds": 60,
         },
+        # These scenarios are the gang's (the Recreate rung); test_e2e_ladder.py has the lower
+        # rungs on real kubelets.
         "restartPolicy": {
             "maxRestarts": 3,
             "backoffSeconds": 1,
             "maxBackoffSeconds": 5,
             "hangTimeoutSeconds": 600,
+            "strategy": "Recreate",
         },
     }
     for path, value in changes.items():
@@ -197,11 +200,13 @@ class Rank0Logs:
             t.join(timeout=5)
 
 
-# What does not change a job's losses: where it runs, when it checkpoints, when it is deleted.
+# What does not change a job's losses: where it runs, when it checkpoints, how it restarts,
+# when it is deleted.
 NOT_NUMERICS = (
     ("resources", "nodeSelector"),
     ("checkpoint", "saveInterval"),
     ("checkpoint", "volume"),
+    ("restartPolicy", "strategy"),
 )
 _LOCAL: dict[str, dict[int, float]] = {}
 

@@ -98,8 +98,22 @@ def test_two_injected_failures_resume_bit_identical(
     assert "injected failure: SIGKILL to rank 1 at step 15" in out
     assert s["finalLoss"] == baseline["finalLoss"]  # bit-identical
     assert s["losses"] == baseline["losses"]  # and every step, recomputed ones included
+    # In place: the "pod" (the launcher process) of attempt 0 ran all three attempts' ranks.
     logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
-    assert logs == ["attempt-0", "attempt-1", "attempt-2"]
+    assert logs == ["attempt-0"]
+    pod = (tmp_path / "logs" / "attempt-0" / "cpu-tiny-a0-0.log").read_text()
+    assert "started the ranks of attempt 2" in pod
+
+
+def test_the_recreate_strategy_starts_new_process_groups(
+    baseline: dict[str, Any], tmp_path: Path
+) -> None:
+    code, s, out = run_local(
+        tmp_path, "--inject-failure", "7:0", "--set", "restartPolicy.strategy=Recreate"
+    )
+    assert code == 0, out
+    assert s["restarts"] == 1 and s["losses"] == baseline["losses"]
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["attempt-0", "attempt-1"]
 
 
 def test_sigterm_checkpoints_and_a_second_run_resumes(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from megatron_contract.ladder import REPORT_ANNOTATION, LostLauncher, RankFailure, Report
 from megatron_contract.paths import PROGRESS_ANNOTATION as ANNOTATION_PROGRESS
 from megatron_operator.core.observe import format_time, lease_view, pod_view
 from megatron_operator.core.policy import MIN_BACKOFF_SECONDS
@@ -140,3 +141,33 @@ class Sim:
 
     def attempts(self) -> set[str]:
         return {p["metadata"]["labels"]["megatron.dev/restart-attempt"] for p in self.pods.values()}
+
+    # --- playing the launchers (their coordinator's report in the progress Lease)
+    def report_launchers(
+        self,
+        failures: list[tuple[int, int]] = (),  # type: ignore[assignment]
+        lost: list[str] = (),  # type: ignore[assignment]
+        attempt: int | None = None,
+        started: int = 0,
+    ) -> None:
+        """Write the launchers' report as the coordinator would: rank failures (node rank, exit
+        code) of `attempt` (default: the current one) and the pods whose launcher dropped out."""
+        assert self.lease is not None, "the operator has not created the progress Lease yet"
+        if attempt is None:  # the attempt the ranks run: a decided one is not started yet
+            attempt = int(self.status.get("restartAttempt", 0))
+            if self.status.get("phase") == "Restarting":
+                attempt -= 1
+        when = format_time(self.now)
+        report = Report(
+            attempt=attempt,
+            nodes=len(self.pods),
+            started=started,
+            failures=tuple(RankFailure(n, 0, code, when) for n, code in failures),
+            lost=tuple(
+                LostLauncher(
+                    int(self.pods[p]["metadata"]["labels"]["megatron.dev/node-rank"]), p, when
+                )
+                for p in lost
+            ),
+        )
+        self.lease["metadata"].setdefault("annotations", {})[REPORT_ANNOTATION] = report.dumps()

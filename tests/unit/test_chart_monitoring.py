@@ -92,6 +92,7 @@ def test_dashboard_has_every_panel() -> None:
     for title in (
         "Jobs by phase",
         "Restarts by reason (per hour)",
+        "Restarts by rung (per hour)",
         "Time to Running",
         "Iteration",
         "Tokens per second",

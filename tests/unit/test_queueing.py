@@ -12,6 +12,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -266,19 +267,33 @@ def test_eviction_stops_the_pods_then_resets_and_readmission_recreates_them() ->
     assert sim.status["phase"] == "Running"
 
 
-def test_a_pod_failure_is_a_gang_restart_that_keeps_the_admission() -> None:
-    sim = queued({"restartPolicy": {"backoffSeconds": 0, "maxBackoffSeconds": 0}})
+@pytest.mark.parametrize(
+    ("rung", "attempts"),
+    [("InPlace", {"0"}), ("ReplacePod", {"0", "1"}), ("Recreate", {"1"})],
+)
+def test_a_restart_on_any_rung_keeps_the_admission_and_pods_ready_reflects_it(
+    rung: str, attempts: set[str]
+) -> None:
+    policy: dict[str, Any] = {"backoffSeconds": 0, "maxBackoffSeconds": 0}
+    if rung == "Recreate":
+        policy["strategy"] = "Recreate"
+    sim = queued({"restartPolicy": policy})
     _running(sim)
-    sim.fail("job-a0-1")
+    if rung == "InPlace":
+        sim.report_launchers(failures=[(1, 1)])  # a rank of pod 1 exited 1, the pod runs on
+    else:
+        sim.fail("job-a0-1")
     sim.step()
     assert sim.status["phase"] == "Restarting"
+    assert sim.status["lastFailure"]["rung"] == rung
     ready = sim.kueue_condition("PodsReady")
     assert ready is not None and (ready["status"], ready["reason"]) == ("False", "WaitForRecovery")
     sim.settle()
     sim.run_all()
     sim.ready_all()
     sim.step()
-    assert sim.status["phase"] == "Running" and sim.attempts() == {"1"}
+    assert sim.status["phase"] == "Running" and sim.attempts() == attempts
+    assert sim.status["restartAttempt"] == 1
     ready = sim.kueue_condition("PodsReady")
     assert ready is not None and (ready["status"], ready["reason"]) == ("True", "Recovered")
     assert sim.phase() is WorkloadPhase.ADMITTED and sim.resets == 0

@@ -1,4 +1,7 @@
-"""The job state machine, driven through whole lifecycles in memory (pure, no cluster)."""
+"""The job state machine, driven through whole lifecycles in memory (pure, no cluster).
+
+These cases run with `restartPolicy.strategy: Recreate`, the rung that recreates every pod;
+tests/unit/test_ladder.py drives the lower rungs (in place, replacing one pod)."""
 
 from __future__ import annotations
 
@@ -23,7 +26,9 @@ from .specs import job_doc, spec_of
 
 def _sim(changes: dict[str, Any] | None = None, nodes: int = 4) -> Sim:
     base = {"resources.nodes": nodes, "training.globalBatchSize": 8 * nodes * 4}
-    doc = job_doc(spec_of({**base, **(changes or {})}), name="job")
+    spec = spec_of({**base, **(changes or {})})
+    spec.setdefault("restartPolicy", {}).setdefault("strategy", "Recreate")
+    doc = job_doc(spec, name="job")
     doc["metadata"].update(uid="uid-1", generation=1)
     return Sim(job=doc)
 

@@ -155,18 +155,25 @@ def test_service_selects_exactly_the_pod_behind_master_addr() -> None:
     assert (subdomain, namespace) == (svc["metadata"]["name"], svc["metadata"]["namespace"])
 
 
-def test_trainer_role_allows_writing_only_its_progress_lease() -> None:
+def test_trainer_role_allows_writing_only_its_progress_lease_and_reading_its_job() -> None:
     job = _with_uid(job_of({"resources.nodes": 3, "training.globalBatchSize": 48}))
     objs = render(job, plan(job.spec))
     role = next(o for o in objs if o["kind"] == "Role")
-    # No pod verb at all: user code cannot relabel its pod into a Service or another gang.
+    # No pod verb at all: user code cannot relabel its pod into a Service or another gang. And
+    # no status write: the job is read (the coordinator watches the operator's decisions).
     assert role["rules"] == [
         {
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
             "resourceNames": ["job-progress"],
             "verbs": ["get", "update", "patch"],
-        }
+        },
+        {
+            "apiGroups": ["megatron.dev"],
+            "resources": ["megatronjobs"],
+            "resourceNames": ["job"],
+            "verbs": ["get", "list", "watch"],
+        },
     ]
     lease = next(o for o in objs if o["kind"] == "Lease")
     assert lease["apiVersion"] == "coordination.k8s.io/v1"

@@ -1,21 +1,23 @@
 """`python -m megatron_trainer`: validate, then start and supervise NPROC_PER_NODE local ranks.
 
 Why our own launcher and not torchrun's elastic agent: restarts belong to the operator, which
-restarts the whole gang with its failure rules and backoff. The elastic agent would restart ranks
-inside the pod and hide failures from it. What a pod needs instead is small:
+decides every restart with its failure rules, budget and backoff. The elastic agent would restart
+ranks inside the pod on its own count and hide failures from it. What a pod needs instead:
   - validate the config before any rank imports torch, so a bad job exits 78 in milliseconds;
   - when one local rank fails, kill the others at once (they would otherwise block in a
-    collective until a timeout) and exit with the failed rank's code, so the pod fails fast;
+    collective until a timeout);
+  - then, with `restartPolicy.strategy: InPlace` (agent/), keep the pod, report the failure and
+    run the next attempt's ranks when the operator says so; with Recreate, exit with the failed
+    rank's code so the pod fails fast;
   - forward SIGTERM to every rank, so they agree on one iteration, checkpoint it and exit 143;
   - leave no process behind: ranks die with the launcher (PR_SET_PDEATHSIG), and the launcher is a
     child subreaper, so it also kills orphaned checkpoint-writer processes of a killed rank.
-Stdlib only: no torch import here.
+What runs per rank (`rank_env`, the command) is kept apart from how ranks are supervised
+(`Supervisor` for Recreate, `agent.Agent` for InPlace). Stdlib only: no torch import here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -25,38 +27,32 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
 from megatron_contract.config import TrainerConfig, is_msc_url, load_config
-from megatron_contract.env import RuntimeEnv, runtime_env
+from megatron_contract.env import MASTER_PORT, RESTART_ATTEMPT, RuntimeEnv, runtime_env
 from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
+from megatron_contract.ladder import IN_PLACE
 from megatron_contract.paths import TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 
 from . import profilers
+from .agent.ranks import (
+    _PR_SET_CHILD_SUBREAPER,
+    _die_with_parent,
+    descendants,
+    exit_code,
+    prctl,
+    send,
+)
 from .decisions import CUDA_DEVICE_MAX_CONNECTIONS, cuda_env_defaults
 from .profilers import nsys
 from .signals import LAUNCHER_PID_ENV
 from .storage import profiles_dir, scratch_dir
 from .validate import validate
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
+__all__ = ["exit_code", "main", "rank_env"]
+
 # After SIGTERM, ranks normally exit together once their checkpoint is written. If some rank
 # finished (143) and another has not after this long, it is stuck: kill it.
 STRAGGLER_SECONDS = 120.0
-
-
-def _prctl(option: int, value: int) -> None:
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(option, value, 0, 0, 0)
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def exit_code(status: int) -> int:
-    """Shell convention: a rank killed by signal N reports 128 + N (SIGKILL -> 137)."""
-    return 128 - status if status < 0 else status
 
 
 def rank_env(
@@ -106,7 +102,7 @@ class Supervisor:
         self.terminating = False
 
     def start(self) -> None:
-        _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        prctl(_PR_SET_CHILD_SUBREAPER, 1)
         for local_rank in range(self.env.nproc_per_node):
             command = self.command
             if self.wrap is not None:
@@ -124,7 +120,7 @@ class Supervisor:
         self.terminating = True
         for pid in self.ranks:
             if pid not in self.codes:
-                _signal(pid, signal.SIGTERM)
+                send(pid, signal.SIGTERM)
 
     def wait(self) -> int:
         straggler_deadline: float | None = None
@@ -171,36 +167,8 @@ class Supervisor:
 
     def _kill_all(self) -> None:
         """SIGKILL every live descendant: ranks, their helpers, and adopted orphans."""
-        for pid in _descendants(os.getpid()):
-            _signal(pid, signal.SIGKILL)
-
-
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
-
-
-def _descendants(root: int) -> list[int]:
-    """All live descendants of `root`, from /proc (no psutil needed in the launcher)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # Field 4 (ppid) follows the parenthesised command name, which may contain spaces.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if fields and fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+        for pid in descendants(os.getpid()):
+            send(pid, signal.SIGKILL)
 
 
 def write_termination_message(text: str, path: str = TERMINATION_LOG) -> bool:
@@ -280,6 +248,41 @@ def version() -> str:
         return "unknown"
 
 
+def _run_in_place(
+    env: RuntimeEnv,
+    config: TrainerConfig,
+    command: list[str],
+    cpu: bool,
+    parallel: tuple[int, int],
+) -> int:
+    """`restartPolicy.strategy: InPlace`: the pod outlives its ranks' attempts (agent/)."""
+    from .agent import inplace
+
+    captures: dict[int, NsysCaptures] = {}  # nsys reports go to profiles/<attempt>/
+
+    def env_for(local_rank: int, attempt: int, port: int) -> dict[str, str]:
+        child = rank_env(os.environ, env, local_rank, cpu, parallel)
+        child[RESTART_ATTEMPT] = str(attempt)  # the attempt the coordinator started
+        child[MASTER_PORT] = str(port)  # a fresh rendezvous port each attempt
+        return child
+
+    def wrap(local_rank: int, attempt: int, argv: list[str]) -> list[str]:
+        capture = captures.setdefault(attempt, NsysCaptures(config, attempt))
+        return capture.wrap(env.global_rank(local_rank), argv)
+
+    profiled = {
+        local
+        for local in range(env.nproc_per_node)
+        if env.global_rank(local) in NsysCaptures(config, env.restart_attempt).ranks
+    }
+    # The built-in worker can wait imported for the next attempt (worker.py --standby); a
+    # rank under nsys cannot (nsys must start it), so it always starts cold.
+    code = inplace.run(env, command, env_for, [*command, "--standby"], wrap, profiled)
+    for capture in captures.values():
+        capture.upload()
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the container command. Returns the pod's exit code. The job comes from the
     environment (docs/contract.md); the only argument is --version."""
@@ -305,20 +308,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_termination_message(str(err))
         return ExitCode.CONFIG
     print(
-        f"megatron_trainer: job {config.job.name} node {env.node_rank}/{env.nnodes}: starting "
+        f"megatron_trainer: job {config.job.name} node {env.node_rank}/{env.nnodes}: "
         f"{env.nproc_per_node} rank(s) on {config.platform} (world size {env.world_size}, "
-        f"restart attempt {env.restart_attempt})",
+        f"restart attempt {env.restart_attempt}, restart strategy {env.restart_strategy})",
         file=sys.stderr,
         flush=True,
     )
+    command = [sys.executable, "-m", "megatron_trainer.worker"]
+    cpu = config.platform == "cpu"
+    parallel = (config.parallelism.tensor, config.parallelism.context)
+    if env.restart_strategy == IN_PLACE:
+        return _run_in_place(env, config, command, cpu, parallel)
     captures = NsysCaptures(config, env.restart_attempt)
-    supervisor = Supervisor(
-        env,
-        config.platform == "cpu",
-        [sys.executable, "-m", "megatron_trainer.worker"],
-        (config.parallelism.tensor, config.parallelism.context),
-        wrap=captures.wrap,
-    )
+    supervisor = Supervisor(env, cpu, command, parallel, wrap=captures.wrap)
     supervisor.start()
     code = supervisor.wait()
     captures.upload()

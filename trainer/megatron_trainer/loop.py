@@ -432,6 +432,7 @@ class Trainer:
         if self._agree_to_stop():
             self._log_rank0("SIGTERM before the first step: exiting without a new checkpoint")
             return self._finish(ExitCode.SIGTERM)
+        first_step = True
         while self.iteration < t.train_iters:
             self.iteration += 1
             self.profiler.before_step(self.iteration)
@@ -443,6 +444,14 @@ class Trainer:
             mfu = tflops / self.peak if self.peak else None
             if self.iteration % t.log_interval == 0 or self.iteration == t.train_iters:
                 self._log_step(step, tokens_per_s, tflops, mfu)
+            elif first_step:
+                # The operator learns at once that this attempt trains (an in-place restart
+                # that reports no step in time is escalated), whatever the log interval.
+                self.reporter.report(
+                    Report(self.iteration, step.loss, tokens_per_s, mfu, self.checkpointer.newest),
+                    force=True,
+                )
+            first_step = False
             inject_failures(self.env.inject_failures, self.iteration, self.rank, self.stop)
             stopping = self._agree_to_stop()
             at_interval = self.iteration % cfg.checkpoint.save_interval == 0

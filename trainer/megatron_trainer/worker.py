@@ -4,13 +4,21 @@ Top-level imports are stdlib only on purpose. Megatron-Core's checkpoint writer 
 spawn-context multiprocessing Manager, which re-imports this module as `__mp_main__`; heavy
 imports here would cost that helper process seconds of start-up (and without the __main__
 guard it would start training again).
+
+`--standby`: the launcher (InPlace) keeps one such process per local rank ready for the next
+attempt. It imports torch and Megatron-Core (seconds, the bulk of a rank's start-up) and waits;
+the launcher releases it with one line of JSON on stdin, the variables that differ for the
+attempt it then runs (its MEGATRON_RESTART_ATTEMPT and MASTER_PORT). It has opened no process
+group and touched no device before that: the attempt still gets fresh ranks.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
+import select
 import sys
 import traceback
 import warnings
@@ -23,6 +31,16 @@ from megatron_contract.exitcodes import ExitCode
 from .numerics import NonFiniteLoss
 from .signals import StopFlag
 
+# A standby waits this long before importing, so that a just-started attempt's ranks have the
+# CPU to themselves while they set up; released earlier, it imports then, as a rank would.
+STANDBY_DELAY_SECONDS = 10.0
+
+
+def _quiet_warnings() -> None:
+    # Expected on the CPU platform and without TE; not actionable, so not shown.
+    warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+    warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
+
 
 def _configure_logging(rank: int) -> None:
     logging.basicConfig(
@@ -33,9 +51,33 @@ def _configure_logging(rank: int) -> None:
     )
     # Megatron-Core logs its whole config at INFO; keep its warnings and errors.
     logging.getLogger("megatron").setLevel(logging.WARNING)
-    # Expected on the CPU platform and without TE; not actionable, so not shown.
-    warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
-    warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
+    _quiet_warnings()
+
+
+def _import_everything() -> None:
+    from .imports import import_megatron_core
+
+    import_megatron_core()
+    from . import loop  # noqa: F401
+
+
+def standby(delay: float = STANDBY_DELAY_SECONDS) -> bool:
+    """Import, then wait for the launcher's release (True) or for it to let go (False)."""
+    _quiet_warnings()
+    ready, _, _ = select.select([sys.stdin], [], [], delay)
+    if not ready:
+        _import_everything()
+    line = sys.stdin.readline()
+    if not line.strip():
+        return False  # the launcher closed the pipe: not needed
+    changes = json.loads(line)
+    os.environ.update({str(k): str(v) for k, v in changes.items()})
+    # Released: stdin no longer the launcher's pipe, which is how a process that looks for this
+    # rank (`mjob run --inject-failure`) tells it from a standby still waiting.
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return True
 
 
 def main() -> int:
@@ -48,9 +90,7 @@ def main() -> int:
         _configure_logging(rank)
         config = load_config(env.config_path)
         # torch and Megatron-Core take seconds to import: only in ranks, and as fast as we can.
-        from .imports import import_megatron_core
-
-        import_megatron_core()
+        _import_everything()
         from .loop import Trainer
 
         return Trainer(config, env, local_rank, stop).run()
@@ -96,4 +136,6 @@ def _exit(code: int) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--standby"] and not standby():
+        _exit(0)
     _exit(main())

@@ -10,7 +10,7 @@ from megatron_contract.recipes import RECIPES
 from .cel import SPEC_RULES, TRANSITION_RULES
 from .crd import crd
 from .spec import FailureReason
-from .status import ConditionType, Phase, Reason
+from .status import ConditionType, Phase, Reason, Rung
 
 _INTRO = """\
 # API reference: `MegatronJob` (megatron.dev/v1alpha1)
@@ -29,7 +29,7 @@ _CHANGES = """\
 |---|---|
 | `spec.model`, `spec.training.globalBatchSize`, `spec.checkpoint.volume`, `spec.checkpoint.path`, `spec.checkpoint.url` | never: checkpoints and the data order depend on them |
 | `spec.image`, `imagePullPolicy`, `parallelism`, `resources`, `topology`, `data`, `env`, `priorityClassName`, `checkpoint.shardingType`, `checkpoint.msc`, the other `training` fields | only while the job stays suspended (`spec.suspend: true` before and after): a resize, e.g. fewer nodes with a new `data` size |
-| `spec.suspend`, `restartPolicy`, `ttlSecondsAfterFinished`, `training.trainIters`, `training.logInterval`, `profiling`, `checkpoint.saveInterval`, `keep`, `async`, `gracePeriodSeconds` | any time; pod-level settings apply from the next attempt |
+| `spec.suspend`, `restartPolicy`, `ttlSecondsAfterFinished`, `training.trainIters`, `training.logInterval`, `profiling`, `checkpoint.saveInterval`, `keep`, `async`, `gracePeriodSeconds` | any time; pod-level settings apply from the next attempt (an attempt restarted in place keeps its pods: its ranks read the refreshed config once the kubelet has synced the mounted ConfigMap, typically within a minute, and `restartPolicy.strategy` changes how the pods' launchers handle a failed rank only for pods created after it) |
 
 The apiserver enforces this with CEL transition rules; the operator checks it again for objects
 that bypassed validation.
@@ -45,7 +45,17 @@ Reasons the operator assigns: `Error` (the trainer exited non-zero), `OOMKilled`
 was OOM-killed), `Evicted` (the kubelet evicted the pod), `DisruptionTarget` (the pod condition set
 on an API eviction, a drain or a taint), `Preempted` (DisruptionTarget by the scheduler's
 preemption), `NodeLost` (the pod's node is NotReady or gone), `PodDeleted` (someone deleted a
-running pod), `Hang` (Running with no progress for `hangTimeoutSeconds`), `KueueEviction`.
+running pod), `Hang` (Running with no progress for `hangTimeoutSeconds`), `KueueEviction`,
+`LauncherLost` (a pod's launcher dropped its connection to the rendezvous host: its container
+died or its network failed), `RestartTimeout` (the ranks of an in-place restart or a pod
+replacement reported no step within `inPlaceTimeoutSeconds`).
+
+The rules decide whether to restart; how is the restart ladder's choice, the lowest rung that
+can recover (`status.lastFailure.rung`): `InPlace` (every rank restarted in the running pods),
+`ReplacePod` (a lost pod recreated, the other pods restart their ranks in place), `Recreate`
+(every pod recreated: `strategy: Recreate`, node rank 0's pod lost, an in-place restart or pod
+replacement that failed before its first step, or a node that failed twice since the gang was
+last recreated).
 
 Built-in defaults, after your rules:
 
@@ -100,6 +110,7 @@ def render() -> str:
         ("Condition types", ConditionType),
         ("Condition and event reasons", Reason),
         ("Failure reasons (`status.lastFailure.reason`, `restartPolicy.rules[].reasons`)", None),
+        ("Restart rungs (`status.lastFailure.rung`)", Rung),
     ):
         values = [str(v) for v in enum] if enum is not None else list(get_args(FailureReason))
         lines.append(f"- {title}: " + ", ".join(f"`{v}`" for v in values))

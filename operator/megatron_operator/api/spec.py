@@ -82,7 +82,10 @@ FailureReason = Literal[
     "PodDeleted",
     "Hang",
     "KueueEviction",
+    "LauncherLost",
+    "RestartTimeout",
 ]
+RestartStrategy = Literal["InPlace", "Recreate"]
 
 
 class MoeSpec(ApiModel):
@@ -608,8 +611,15 @@ class FailureRule(ApiModel):
 
 
 class RestartPolicySpec(ApiModel):
-    """Gang restarts: any rank failing restarts every pod as the next attempt."""
+    """Restarts: any rank failing restarts every rank as the next attempt, on the lowest rung
+    that can (in place, replacing a lost pod, or recreating every pod; docs/runbook.md)."""
 
+    strategy: RestartStrategy = Field(
+        "InPlace",
+        description="InPlace: a failed rank restarts every rank inside the running pods, a lost "
+        "pod is replaced alone, and every pod is recreated only when that fails. Recreate: "
+        "every failure recreates every pod.",
+    )
     max_restarts: NonNegativeInt = Field(
         3, le=MAX_RESTARTS, description="Counted restarts before the job fails."
     )
@@ -623,6 +633,13 @@ class RestartPolicySpec(ApiModel):
         1800,
         description="Restart with reason Hang when Running without progress this long (0: off)."
         + _DAYS,
+    )
+    in_place_timeout_seconds: int = Field(
+        900,
+        ge=1,
+        le=MAX_DURATION_SECONDS,
+        description="An in-place restart or pod replacement whose ranks report no training step "
+        "within this long (after the backoff) recreates every pod (reason RestartTimeout)." + _DAYS,
     )
     rules: list[FailureRule] = Field(
         default_factory=list,

@@ -22,6 +22,14 @@ class Phase(StrEnum):
     SUSPENDED = "Suspended"  # spec.suspend: no pods
 
 
+class Rung(StrEnum):
+    """How a restart recovers (status.lastFailure.rung): the lowest rung that can."""
+
+    IN_PLACE = "InPlace"  # every rank restarted inside the running pods
+    REPLACE_POD = "ReplacePod"  # the lost pods recreated, the others' ranks restarted in place
+    RECREATE = "Recreate"  # every pod recreated
+
+
 class ConditionType(StrEnum):
     """The conditions the operator keeps in status.conditions."""
 
@@ -95,12 +103,19 @@ class FailureRecord(ApiModel):
     reason: str = Field(description="Failure reason (see spec.restartPolicy.rules).")
     message: str = Field("", description="Detail from the pod or the operator.")
     action: str = Field(description="What the failure rules decided.")
+    rung: Rung | None = Field(
+        None, description="How the restart recovers: InPlace, ReplacePod or Recreate."
+    )
+    rung_reason: str | None = Field(
+        None, description="Why that rung, when it is not the lowest one (e.g. a node failed twice)."
+    )
     time: str = Field(description="When the operator saw it (RFC 3339).")
 
 
 class Progress(ApiModel):
     """Latest progress reported by trainer rank 0 (the job's progress Lease, `<job>-progress`)."""
 
+    attempt: int | None = Field(None, description="The restart attempt that reported it.")
     iteration: int = Field(description="Last completed optimizer step.")
     loss: float | None = Field(None, description="Training loss at that step.")
     tokens_per_second: float | None = Field(None, description="Training throughput.")
@@ -130,7 +145,16 @@ class MegatronJobStatus(ApiModel):
     phase: Phase | None = Field(None, description="Lifecycle phase (see Phases in docs/api.md).")
     conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
     observed_generation: int | None = Field(None, description="Spec generation last acted on.")
-    restart_attempt: int = Field(0, description="Current attempt (the restart generation).")
+    restart_attempt: int = Field(
+        0,
+        description="Current attempt (the restart generation): the ranks run it; while the phase "
+        "is Restarting, ranks of older attempts stop and none starts.",
+    )
+    gang_attempt: int | None = Field(
+        None,
+        description="The attempt whose pods the gang was last created in; in-place restarts keep "
+        "them (absent: the same as restartAttempt).",
+    )
     launched_attempt: int | None = Field(
         None, description="The latest attempt whose pods were all created."
     )
@@ -156,6 +180,12 @@ class MegatronJobStatus(ApiModel):
         None, description="While Restarting: when the next attempt starts (after backoff)."
     )
     workload: str | None = Field(None, description="Kueue Workload name, when queued.")
+    failed_nodes: list[str] | None = Field(
+        None,
+        max_length=64,
+        description="Nodes where a failure caused a restart since the gang was last recreated: a "
+        "second one there recreates the gang.",
+    )
     uncounted_restart_times: list[str] | None = Field(
         None,
         max_length=1000,

@@ -344,7 +344,8 @@ class Controller:
         if out.workload is not None and self.queues is not None:
             self.queues.act(namespace, out.workload, now)
         if out.restart_reason is not None:
-            self.metrics.restarts.labels(namespace, name, out.restart_reason).inc()
+            rung = str(out.restart_rung or "")
+            self.metrics.restarts.labels(namespace, name, out.restart_reason, rung).inc()
         if out.entered_running and out.status.get("restartAttempt") == 0:
             created = parse_time(meta.get("creationTimestamp"))
             if created is not None:
@@ -368,9 +369,12 @@ class Controller:
                 namespace, out.force_delete, out.delete_uids, force=True, job=name
             )
         pods = [p for p in out.create_pods if p["metadata"]["name"] not in expect.created]
+        others = [o for o in out.create if o["kind"] != "Pod"]
+        uid = meta.get("uid")
+        if others and not out.create_pods:  # an in-place release refreshes the config alone
+            self.kube.ensure_children(others, uid)
         if pods:  # the other children go with them (get-or-create); not again for cached pods
-            uid = meta.get("uid")
-            self.kube.ensure_children([o for o in out.create if o["kind"] != "Pod"], uid)
+            self.kube.ensure_children(others, uid)
             made = self.kube.create_pods(pods, uid)
             expect.created_now(p["metadata"]["name"] for p in pods)
             attempt = out.status.get("restartAttempt")

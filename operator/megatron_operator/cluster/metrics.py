@@ -24,8 +24,8 @@ class Metrics:
         )
         self.restarts = Counter(
             "megatronjob_restarts_total",
-            "Gang restarts, by failure reason",
-            [*job, "reason"],
+            "Restarts, by failure reason and by rung (InPlace, ReplacePod, Recreate)",
+            [*job, "reason", "rung"],
             registry=r,
         )
         self.time_to_running = Histogram(

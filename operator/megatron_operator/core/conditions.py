@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from megatron_operator.core.observe import format_time
+from megatron_operator.core.observe import format_time, parse_time
 
 ConditionList = list[dict[str, Any]]
 
@@ -50,4 +50,15 @@ def reason_of(conditions: ConditionList, type_: str) -> str | None:
         if cond.get("type") == type_:
             reason = cond.get("reason")
             return str(reason) if reason is not None else None
+    return None
+
+
+def since(conditions: ConditionList, type_: str, status: bool, reason: str) -> datetime | None:
+    """When the condition last turned to `status`, if it is there now with `reason`."""
+    value = "True" if status else "False"
+    for cond in conditions:
+        if cond.get("type") == type_:
+            if cond.get("status") == value and cond.get("reason") == str(reason):
+                return parse_time(cond.get("lastTransitionTime"))
+            return None
     return None

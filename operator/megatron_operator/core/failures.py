@@ -8,7 +8,7 @@ NotReady past the grace period. `tests/unit/test_failures.py` holds the table's 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from megatron_operator.api.spec import FailureReason
@@ -67,7 +67,15 @@ def detail(x: PodView) -> str:
 
 
 def classify(x: PodView, nodes: Nodes, now: datetime) -> tuple[Failure | None, datetime | None]:
-    """The pod's failure, if any, and when to look again (a node's grace ending)."""
+    """The pod's failure, if any, and when to look again (a node's grace ending). Every failure
+    found here is the pod's own (`pod_lost`): a restart must replace the pod."""
+    failure, again = _classify(x, nodes, now)
+    if failure is not None:
+        failure = replace(failure, node_rank=x.node_rank, pod_lost=True)
+    return failure, again
+
+
+def _classify(x: PodView, nodes: Nodes, now: datetime) -> tuple[Failure | None, datetime | None]:
     if x.phase == "Succeeded":
         return None, None
     if x.phase == "Failed":

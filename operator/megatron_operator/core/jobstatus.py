@@ -55,7 +55,8 @@ class JobStatus:
     phase: Phase | None = None
     conditions: list[dict[str, Any]] = field(default_factory=list)
     observed_generation: int | None = None
-    restart_attempt: int = 0  # the attempt the pods should be of
+    restart_attempt: int = 0  # the attempt the ranks run (the restart generation)
+    gang_attempt: int | None = None  # the attempt the gang's pods were created in (None: the same)
     launched_attempt: int | None = None  # the latest attempt whose pods were all created
     restarts: int = 0
     restarts_counted: int = 0  # toward maxRestarts
@@ -74,6 +75,7 @@ class JobStatus:
     uncounted_restart_times: list[str] | None = None  # restarts not counted, in the last hour
     attempt_times: list[str] | None = None  # attempts started in the last hour (core/churn.py)
     resume_times: list[str] | None = None  # resumes (spec.suspend back to false), last hour
+    failed_nodes: list[str] | None = None  # where restarts' causes ran, since the gang was created
     local_queue: str | None = None
     cluster_queue: str | None = None
     flavors: list[str] | None = None
@@ -94,6 +96,7 @@ class JobStatus:
             else [],
             observed_generation=generation if isinstance(generation, int) else None,
             restart_attempt=_count(doc.get("restartAttempt")),
+            gang_attempt=_optional_count(doc.get("gangAttempt")),
             launched_attempt=launched if launched >= 0 else None,
             restarts=_count(doc.get("restarts")),
             restarts_counted=_count(doc.get("restartsCounted")),
@@ -112,11 +115,31 @@ class JobStatus:
             uncounted_restart_times=_texts(doc.get("uncountedRestartTimes")),
             attempt_times=_texts(doc.get("attemptTimes")),
             resume_times=_texts(doc.get("resumeTimes")),
+            failed_nodes=_texts(doc.get("failedNodes")),
             local_queue=_text(doc.get("localQueue")),
             cluster_queue=_text(doc.get("clusterQueue")),
             flavors=_texts(doc.get("flavors")),
             extra={k: copy.deepcopy(v) for k, v in doc.items() if k not in known},
         )
+
+    @property
+    def gang(self) -> int:
+        """The oldest attempt whose pods still belong to the gang (pods of older attempts are
+        stale). An unreadable or future value means the current attempt: a fresh gang."""
+        g = self.gang_attempt
+        return g if g is not None and g <= self.restart_attempt else self.restart_attempt
+
+    def next_gang(self) -> None:
+        """A new attempt on new pods (a Recreate, a resume, a re-admission): every pod of an
+        older attempt is stale, and no node has failed in this gang yet."""
+        self.restart_attempt += 1
+        self.gang_attempt = None
+        self.failed_nodes = None
+
+    def next_in_place(self) -> None:
+        """A new attempt on the gang's pods (InPlace, ReplacePod): the pods stay current."""
+        self.gang_attempt = self.gang
+        self.restart_attempt += 1
 
     def to_raw(self) -> dict[str, Any]:
         """The status document to write (unset fields omitted)."""

@@ -19,6 +19,9 @@ LABEL_NODE_RANK: Final = f"{DOMAIN}/node-rank"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "megatron-operator"
 ANNOTATION_LAYOUT: Final = f"{DOMAIN}/layout"
+# How the pod's launcher handles a failed rank (spec.restartPolicy.strategy when it was created):
+# only a gang whose every pod says InPlace can restart in place.
+ANNOTATION_RESTART_STRATEGY: Final = f"{DOMAIN}/restart-strategy"
 FINALIZER: Final = f"{DOMAIN}/cleanup"
 
 # The node whose pod hosts the rendezvous store: MASTER_ADDR names it, and the headless Service

@@ -14,12 +14,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from megatron_contract.bounds import INT64_MAX
+from megatron_contract.ladder import REPORT_ANNOTATION, Report, parse_report
 from megatron_contract.paths import (
     PROGRESS_ANNOTATION,
     PROGRESS_RECORD_MAX,
     TERMINATION_MESSAGE_MAX,
 )
 from megatron_operator.core.names import (
+    ANNOTATION_RESTART_STRATEGY,
     CONTAINER_NAME,
     LABEL_JOB_UID,
     LABEL_NODE_RANK,
@@ -80,7 +82,11 @@ class Progress:
     time: datetime
 
     def to_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"iteration": self.iteration, "time": format_time(self.time)}
+        out: dict[str, Any] = {
+            "attempt": self.attempt,
+            "iteration": self.iteration,
+            "time": format_time(self.time),
+        }
         for key, value in (
             ("loss", self.loss),
             ("tokensPerSecond", self.tokens_per_second),
@@ -147,11 +153,16 @@ class PodView:
     owner_uid: str | None = None  # uid of the controller ownerReference: whose pod it is
     ready: bool = False  # the Ready condition is True (Kueue's PodsReady counts these)
     terminated_message: str | None = None  # the container's termination message (its why)
+    strategy: str | None = None  # how its launcher handles a failed rank (None: an older pod)
 
     @property
     def active(self) -> bool:
         """Holds (or may still hold) resources: not terminated."""
         return self.phase not in ("Succeeded", "Failed")
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _trainer_state(status: dict[str, Any]) -> tuple[int | None, str | None, str | None]:
@@ -228,6 +239,7 @@ def pod_view(raw: dict[str, Any]) -> PodView:
         uid=meta.get("uid"),
         owner_uid=controller_uid(meta),
         ready=_ready(status),
+        strategy=_text((meta.get("annotations") or {}).get(ANNOTATION_RESTART_STRATEGY)),
     )
 
 
@@ -243,11 +255,13 @@ def controller_uid(meta: Any) -> str | None:
 
 @dataclass(frozen=True)
 class LeaseView:
-    """The job's progress Lease: rank 0's latest record and its heartbeat (spec.renewTime)."""
+    """The job's progress Lease: rank 0's latest record and its heartbeat (spec.renewTime), and
+    the launchers' report of the restart ladder (docs/contract.md §5)."""
 
     holder: str | None  # the pod that wrote last (spec.holderIdentity)
     renew_time: datetime | None
     progress: Progress | None
+    report: Report | None = None
 
     def for_attempt(self, attempt: int) -> LeaseView | None:
         """This view if its record belongs to `attempt`: a late write of an older attempt (a
@@ -276,6 +290,7 @@ def lease_view(raw: dict[str, Any] | None, job_uid: str | None = None) -> LeaseV
         holder=holder if isinstance(holder, str) else None,
         renew_time=parse_time(spec.get("renewTime")),
         progress=parse_progress(annotations.get(PROGRESS_ANNOTATION)),
+        report=parse_report(annotations.get(REPORT_ANNOTATION)),
     )
 
 

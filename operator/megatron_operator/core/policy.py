@@ -7,6 +7,7 @@ call `decide`, so a failure is handled the same way on a cluster and on a laptop
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -48,6 +49,14 @@ class Failure:
     pod: str | None = None
     node: str | None = None
     message: str = ""
+    node_rank: int | None = None  # of the pod it happened in
+    # The pod itself is lost (terminated, deleted, its node or its launcher gone): the restart
+    # must replace it. False for a rank that failed inside a running pod, or a hang.
+    pod_lost: bool = False
+    # For ranks the launchers reported: the order their coordinator heard of them. The first to
+    # exit is the cause; the others typically lost their peers to it.
+    order: int | None = None
+    rank: int | None = None  # the global rank, for a rank the launchers reported
 
 
 @dataclass(frozen=True)
@@ -95,7 +104,10 @@ def decide(
     """Apply the rules and the restart budget to one failure. `uncounted_last_hour`: restarts
     not counted toward maxRestarts in the last hour; from MAX_UNCOUNTED_PER_HOUR on, they count."""
     action, rule = match(failure, list(policy.rules))
-    what = f"{failure.pod or 'a rank'} failed ({failure.reason}"
+    who = failure.pod or "a rank"
+    if failure.rank is not None:
+        who = f"rank {failure.rank} ({who})"
+    what = f"{who} failed ({failure.reason}"
     what += f", exit code {failure.exit_code})" if failure.exit_code is not None else ")"
     if action == "Fail":
         return Decision("Fail", False, rule, f"{what}; {rule}: the job fails")
@@ -114,8 +126,9 @@ def decide(
             f"{what}; maxRestarts ({policy.max_restarts}) reached after {restarts_counted} "
             "counted restarts",
         )
-    kind = "restart" if counted else "restart (not counted)"
-    return Decision("Restart", counted, rule, f"{what}; {rule}: gang {kind}")
+    if not counted and not rule.endswith("RestartNotCounted"):
+        rule += " (not counted)"
+    return Decision("Restart", counted, rule, f"{what}; {rule}")
 
 
 def backoff_seconds(policy: RestartPolicySpec, restarts: int) -> float:
@@ -142,16 +155,22 @@ def first_failure(failures: list[Failure]) -> Failure | None:
         "KueueEviction": 4,
         "OOMKilled": 5,
         "Hang": 6,
-        "PodDeleted": 7,
-        "Error": 8,
+        "LauncherLost": 7,
+        "PodDeleted": 8,
+        "RestartTimeout": 9,
+        "Error": 10,
     }
 
-    def key(f: Failure) -> tuple[int, bool, bool, str]:
-        # A config error decides the outcome (Fail); SIGTERM/SIGKILL exits are usually the
-        # launcher stopping the survivors, so they are the least likely cause.
+    def key(f: Failure) -> tuple[int, bool, bool, float, bool, str]:
+        # A config error decides the outcome (Fail). A lost pod explains the errors of the ranks
+        # that lost their peers in it. Of the ranks the launchers reported, the first to exit
+        # is the cause. Otherwise SIGTERM/SIGKILL exits are usually the launcher stopping the
+        # survivors, so they are the least likely cause.
         return (
-            priority.get(f.reason, 9),
+            priority.get(f.reason, 11),
             f.exit_code != ExitCode.CONFIG,
+            not f.pod_lost,
+            f.order if f.order is not None else math.inf,
             f.exit_code in (ExitCode.SIGTERM, ExitCode.SIGKILL),
             f.pod or "",
         )

@@ -175,7 +175,7 @@ class Queueing:
         st.restart_at = None
         # Pods of the next admission are a fresh attempt; an eviction is not a restart, so
         # neither restart count moves (maxRestarts is about failures, not preemption).
-        st.restart_attempt += 1
+        st.next_gang()
         if not was_admitted:
             return
         if state is not None and state.phase is WorkloadPhase.EVICTED:
@@ -283,9 +283,10 @@ class Queueing:
         return merged
 
     # --- after everything --------------------------------------------------------------------
-    def settle(self, pods: list[PodView]) -> WorkloadActions:
+    def settle(self, pods: list[PodView], current: list[PodView]) -> WorkloadActions:
         """The Workload conditions this reconcile changes: Finished once the job ended, else
-        PodsReady as Kueue's own job controller reports it."""
+        PodsReady as Kueue's own job controller reports it, over the gang's `current` pods (an
+        in-place restart keeps pods of older attempts)."""
         raw, state, st = self.q.workload, self.state, self.st
         if raw is None or state is None or state.phase is WorkloadPhase.FINISHED:
             return self.actions
@@ -298,7 +299,7 @@ class Queueing:
             return self.actions
         if self.actions or self.nodes is None or state.phase is WorkloadPhase.EVICTED:
             return self.actions  # a reset or a replacement first; PodsReady next time
-        cond = kueue.pods_ready_condition(raw, self._all_ready(pods), self.now)
+        cond = kueue.pods_ready_condition(raw, self._all_ready(current), self.now)
         previous = kueue.find_condition(raw, kueue.ConditionType.PODS_READY)
         if previous is None or (previous.get("status"), previous.get("reason")) != (
             cond["status"],
@@ -307,12 +308,10 @@ class Queueing:
             self.actions.conditions.append(cond)
         return self.actions
 
-    def _all_ready(self, pods: list[PodView]) -> bool:
-        """Every pod of the current attempt is Ready (or has finished successfully)."""
-        attempt = self.st.restart_attempt
-        ready = [
-            x
-            for x in pods
-            if x.attempt == attempt and not x.deleting and (x.ready or x.phase == "Succeeded")
-        ]
+    def _all_ready(self, current: list[PodView]) -> bool:
+        """Every pod of the gang is Ready (or has finished successfully), and no restart is in
+        progress: during one, in place or not, the ranks are down though the pods may run."""
+        if self.st.phase == Phase.RESTARTING:
+            return False
+        ready = [x for x in current if not x.deleting and (x.ready or x.phase == "Succeeded")]
         return self.nodes is not None and len(ready) == self.nodes

@@ -31,14 +31,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from megatron_contract.ladder import Report
 from megatron_operator.api import FieldError, MegatronJob, MegatronJobSpec, SpecError, load_job
-from megatron_operator.api.status import ConditionType, EventType, Phase, Reason
+from megatron_operator.api.status import ConditionType, EventType, Phase, Reason, Rung
 from megatron_operator.api.transitions import check_update
-from megatron_operator.core import churn
-from megatron_operator.core.conditions import reason_of, set_condition
+from megatron_operator.core import churn, ladder
+from megatron_operator.core.conditions import reason_of, set_condition, since
 from megatron_operator.core.failures import Nodes, classify, node_lost
 from megatron_operator.core.jobstatus import BadJobData, JobStatus, shift
-from megatron_operator.core.names import pod_name
+from megatron_operator.core.names import MASTER_NODE_RANK, pod_name
 from megatron_operator.core.observe import LeaseView, PodView, Progress, format_time, parse_time
 from megatron_operator.core.planner import Plan, plan
 from megatron_operator.core.policy import (
@@ -111,6 +112,7 @@ class Outcome:
     delete_job: bool = False
     requeue_after: float = 60.0
     restart_reason: str | None = None  # for the restarts_total metric
+    restart_rung: Rung | None = None  # and its rung
     entered_running: bool = False
     workload: WorkloadActions | None = None  # Kueue Workload writes (queued jobs only)
 
@@ -170,6 +172,7 @@ class _Machine:
         # Finished, or suspended with every pod gone: nothing happens until the job changes, so
         # no resync either (only its deadlines, e.g. the TTL). The shell ends the job's loop.
         self.quiet = False
+        self.current: list[PodView] = []  # the gang's pods, once `active` sorted them
 
     # --- helpers
     def cond(self, type_: ConditionType, status: bool, reason: str, message: str = "") -> bool:
@@ -289,7 +292,7 @@ class _Machine:
 
     def revive(self) -> None:
         self.st.phase = Phase.PENDING
-        self.st.restart_attempt += 1
+        self.st.next_gang()
         self.st.completion_time = None
         self.cond(C.FAILED, False, Reason.SPEC_FIXED, "the spec is valid again")
         self.event(EventType.NORMAL, Reason.SPEC_FIXED, "the spec is valid again: starting")
@@ -339,7 +342,7 @@ class _Machine:
         self.st.attempt_times = churn.recent([*attempts, stamp], self.now)
         self.st.resume_times = churn.recent([*resumes, stamp], self.now)
         self.st.restart_at = format_time(self.now + timedelta(seconds=wait))
-        self.st.restart_attempt += 1
+        self.st.next_gang()
         self.st.phase = Phase.PENDING
         self.cond(C.SUSPENDED, False, Reason.RESUMED, "spec.suspend is false")
         self.event(
@@ -356,14 +359,13 @@ class _Machine:
         # Set before any child exists: the delete handler skips jobs that never started.
         if self.st.start_time is None:
             self.st.start_time = format_time(self.now)
-        current: list[PodView] = []
-        stale: list[PodView] = []  # the job's pods of older attempts
-        for x in self.pods:
-            (current if x.attempt == n else stale).append(x)
+        # The gang's pods (kept across in-place restarts), and the stale ones of older gangs.
+        current, stale = ladder.partition(self.pods, self.st.gang, n, p.nodes)
+        self.current = current
         self.delete(stale)
         self.copy_progress(job)
 
-        if self.st.phase == Phase.RESTARTING and not self.restart_wait_over(job, stale):
+        if self.st.phase == Phase.RESTARTING and not self.restart_wait_over(job, current, stale):
             return
         if self.st.phase == Phase.PENDING and self.resume_held():
             return
@@ -387,9 +389,18 @@ class _Machine:
         self.st.restart_at = None
         return False
 
-    def restart_wait_over(self, job: MegatronJob, stale: list[PodView]) -> bool:
+    def restart_wait_over(
+        self, job: MegatronJob, current: list[PodView], stale: list[PodView]
+    ) -> bool:
+        """Between a restart's decision and its release: replace what was lost meanwhile, wait
+        for the stale pods to go, then for the backoff; True once the attempt is released (the
+        launchers then start its ranks, and missing pods are created)."""
+        lost = self.lost_pods(current)
+        if lost:
+            self.absorb(lost, current)
+            return False
         if stale:
-            return False  # step 2: wait until every pod of the failed attempt is gone
+            return False  # step 2: wait until every pod of the failed gang is gone
         start = parse_time(self.st.restart_at)
         if start is None:
             # The job's backoff, and the operator's floor over every attempt (core/churn.py).
@@ -410,6 +421,67 @@ class _Machine:
         )
         return True
 
+    def lost_pods(self, current: list[PodView]) -> list[Failure]:
+        """The failures of the gang's pods that can run no rank any more: terminated, deleted,
+        on a lost node, or (the launchers' report says) whose launcher dropped out."""
+        report = self.report()
+        gone = {x.pod: x for x in report.lost} if report is not None else {}
+        lost = []
+        for x in current:
+            failure, look_again = classify(x, self.nodes, self.now)
+            if look_again is not None:
+                self.deadlines.append(look_again)
+            if failure is None and x.name in gone and x.active:
+                failure = launcher_lost(x, gone[x.name].time)
+            if failure is not None:
+                lost.append(failure)
+        return lost
+
+    def absorb(self, lost: list[Failure], current: list[PodView]) -> None:
+        """A pod lost while a restart waits for its release belongs to that restart (the kubelet
+        often reports a dead container after its launcher's connection already dropped): it is
+        replaced, or every pod is recreated if it hosts the rendezvous. Nothing more is
+        counted; a pod's loss explains an in-place restart's rank errors better, so it becomes
+        the restart's recorded cause."""
+        record = self.st.last_failure if self.st.last_failure is not None else {}
+        names = ", ".join(f.pod or "?" for f in lost[:5])
+        doomed = {f.pod for f in lost}
+        if any(f.node_rank == MASTER_NODE_RANK for f in lost):
+            if record.get("rung") != Rung.RECREATE:
+                why = (
+                    f"pod {names} was lost during the restart, and node rank 0 hosts the rendezvous"
+                )
+                record.update(rung=str(Rung.RECREATE), rungReason=why)
+                self.st.gang_attempt = None  # a new gang: every kept pod is stale
+                self.st.failed_nodes = None
+                self.event(EventType.WARNING, Reason.RESTARTING, f"recreating every pod ({why})")
+            self.st.last_failure = record or None
+            self.delete(current)
+            return
+        if record.get("rung") == Rung.IN_PLACE:
+            cause = first_failure(lost)
+            assert cause is not None
+            before = record.get("node")
+            record.update(rung=str(Rung.REPLACE_POD), reason=cause.reason, message=cause.message)
+            record.pop("exitCode", None)
+            for key, value in (("pod", cause.pod), ("node", cause.node)):
+                record.pop(key, None)
+                if value:
+                    record[key] = value
+            if cause.exit_code is not None:
+                record["exitCode"] = cause.exit_code
+            nodes = self.st.failed_nodes or []
+            if before and nodes and nodes[-1] == before:  # this restart's entry, now wrong
+                self.st.failed_nodes = nodes[:-1] or None
+            ladder.remember_node(cause, self.st)
+            self.event(
+                EventType.WARNING,
+                Reason.RESTARTING,
+                f"pod {names} was lost during the in-place restart: replacing it",
+            )
+        self.st.last_failure = record or None
+        self.delete([x for x in current if x.name in doomed])
+
     def create_missing(
         self, job: MegatronJob, p: Plan, n: int, current: list[PodView], stale: list[PodView]
     ) -> None:
@@ -417,14 +489,18 @@ class _Machine:
             return
         have = {x.node_rank for x in current}
         missing = [r for r in range(p.nodes) if r not in have]
+        isolate = self.s.network_policy
         if not missing:
             self.st.launched_attempt = n
+            if self.st.gang < n:
+                # Released in place: refresh the ConfigMap, so a spec changed since (trainIters,
+                # saveInterval) reaches the ranks once the kubelet syncs the mounted file.
+                self.out.create = children(job, p, isolate=isolate)
             return
         if any(x.active for x in stale):
             # An older attempt's live pod holds the same hostname (MASTER_ADDR) until it stops.
             return
         # Only the pods to create are rendered: a huge job never sits in memory whole.
-        isolate = self.s.network_policy
         created = [pod(job, p, r, n) for r in missing]
         if self.queue is not None:
             created = self.queue.admitted_pods(created)
@@ -448,14 +524,86 @@ class _Machine:
         if self.st.launched_attempt == n:
             ranks = {x.node_rank for x in current}
             found += [
-                Failure("PodDeleted", pod=pod_name(job.name, r, n), message="the pod disappeared")
+                Failure(
+                    "PodDeleted",
+                    pod=pod_name(job.name, r, n),
+                    message="the pod disappeared",
+                    node_rank=r,
+                    pod_lost=True,
+                )
                 for r in range(p.nodes)
                 if r not in ranks
             ]
-        hang = self.hang(job, current)
-        if hang is not None:
-            found.append(hang)
+        found += self.reported(n, p.procs_per_node, current, {f.pod for f in found})
+        for extra in (self.hang(job, current), self.restart_timeout(job)):
+            if extra is not None:
+                found.append(extra)
         return found
+
+    def report(self) -> Report | None:
+        lease = self.w.lease
+        return lease.report if lease is not None else None
+
+    def reported(
+        self, n: int, nproc: int, current: list[PodView], known: set[str | None]
+    ) -> list[Failure]:
+        """What the launchers reported: ranks of this attempt that exited on their own, and
+        launchers that dropped out of pods that still look healthy. Only pods of this gang
+        count: the report is the tenant's to write, so it can name nothing else."""
+        report = self.report()
+        if report is None:
+            return []
+        by_rank = {x.node_rank: x for x in current}
+        by_name = {x.name: x for x in current}
+        found: list[Failure] = []
+        for gone in report.lost:
+            x = by_name.get(gone.pod)
+            if x is not None and x.name not in known and x.active:
+                found.append(launcher_lost(x, gone.time))
+        if report.attempt != n:
+            return found  # an older attempt's failures: that restart is already decided
+        for order, f in enumerate(report.failures):
+            x = by_rank.get(f.node_rank)
+            if x is None:
+                continue
+            rank = f.node_rank * nproc + f.local_rank
+            message = f"rank {rank} (pod {x.name}) exited {f.exit_code} at {f.time}"
+            found.append(
+                Failure(
+                    "Error",
+                    f.exit_code,
+                    x.name,
+                    x.node,
+                    message,
+                    x.node_rank,
+                    order=order,
+                    rank=rank if f.local_rank < nproc else None,
+                )
+            )
+        return found
+
+    def restart_timeout(self, job: MegatronJob) -> Failure | None:
+        """An attempt restarted in place (or with a pod replaced) must report a training step
+        within inPlaceTimeoutSeconds of its release; otherwise the gang is recreated."""
+        if self.st.gang >= self.st.restart_attempt or self.stepped():
+            return None
+        released = since(self.st.conditions, C.RESTARTING, False, Reason.RESTARTED)
+        if released is None:
+            return None
+        timeout = job.spec.restart_policy.in_place_timeout_seconds
+        deadline = released + timedelta(seconds=timeout)
+        if self.now < deadline:
+            self.deadlines.append(deadline)
+            return None
+        message = (
+            f"attempt {self.st.restart_attempt} reported no training step within "
+            f"{timeout}s of its release (inPlaceTimeoutSeconds)"
+        )
+        return Failure("RestartTimeout", None, None, None, message)
+
+    def stepped(self) -> bool:
+        """The current attempt reported a training step (copied into status.progress)."""
+        return (self.st.progress or {}).get("attempt") == self.st.restart_attempt
 
     def hang(self, job: MegatronJob, current: list[PodView]) -> Failure | None:
         timeout = job.spec.restart_policy.hang_timeout_seconds
@@ -486,7 +634,8 @@ class _Machine:
         cause = first_failure(failures)
         assert cause is not None
         recent = self.uncounted_last_hour()
-        decision = decide(cause, job.spec.restart_policy, self.st.restarts_counted, len(recent))
+        policy = job.spec.restart_policy
+        decision = decide(cause, policy, self.st.restarts_counted, len(recent))
         record: dict[str, Any] = {
             "reason": cause.reason,
             "message": cause.message or decision.message,
@@ -501,13 +650,19 @@ class _Machine:
             record["node"] = cause.node
         if cause.exit_code is not None:
             record["exitCode"] = cause.exit_code
-        self.st.last_failure = record
         self.st.running_since = None
         if decision.action == "Fail":
+            self.st.last_failure = record
             reason = Reason.MAX_RESTARTS_EXCEEDED if decision.counted else Reason.FAILURE_POLICY
             self.finish(Phase.FAILED, reason, decision.message)
             self.delete(self.pods)
             return
+        # The rules say restart; the ladder says how (the lowest rung that can).
+        choice = ladder.choose(policy.strategy, failures, cause, self.st, self.stepped(), current)
+        record["rung"] = str(choice.rung)
+        if choice.why:
+            record["rungReason"] = choice.why
+        self.st.last_failure = record
         self.st.restarts += 1
         if decision.counted:
             self.st.restarts_counted += 1
@@ -516,14 +671,37 @@ class _Machine:
         self.st.uncounted_restart_times = recent or None
         attempts = churn.recent(self.st.attempt_times, self.now)
         self.st.attempt_times = churn.recent([*attempts, format_time(self.now)], self.now)
-        self.st.restart_attempt += 1
+        lost = [x for x in current if x.name in {f.pod for f in failures if f.pod_lost}]
+        if choice.rung == Rung.RECREATE:
+            self.st.next_gang()
+            doomed = current  # step 1: every pod of the gang, with its grace period
+        else:
+            self.st.next_in_place()
+            ladder.remember_node(cause, self.st)
+            doomed = lost  # the pods that are gone anyway; the others keep running
         self.st.phase = Phase.RESTARTING
         self.st.restart_at = None
         self.out.restart_reason = cause.reason
-        self.cond(C.RUNNING, False, Reason.RESTARTING, decision.message)
-        self.cond(C.RESTARTING, True, cause.reason, decision.message)
-        self.event(EventType.WARNING, Reason.RESTARTING, decision.message)
-        self.delete(current)  # step 1: every pod of the attempt, with its grace period
+        self.out.restart_rung = choice.rung
+        what = ladder.describe(
+            choice.rung, self.st.restart_attempt, [x.name for x in lost], choice.why
+        )
+        message = f"{decision.message}: {what}"
+        self.cond(C.RUNNING, False, Reason.RESTARTING, message)
+        self.cond(C.RESTARTING, True, cause.reason, message)
+        self.event(EventType.WARNING, Reason.RESTARTING, message)
+        self.delete(doomed)
+        if choice.rung == Rung.IN_PLACE:
+            # Nothing to wait for before the backoff (no pod goes): it starts now, and the
+            # release is due when it ends (no pod event would wake the job before that).
+            # The job's backoff, and the operator's floor over every attempt (core/churn.py).
+            delay = max(
+                backoff_seconds(policy, self.st.restarts - 1),
+                churn.floor_seconds(len(attempts)),
+            )
+            start = self.now + timedelta(seconds=delay)
+            self.st.restart_at = format_time(start)
+            self.deadlines.append(start)
 
     def uncounted_last_hour(self) -> list[str]:
         """The uncounted restarts of the last hour (the restart-loop cap, core/policy.py)."""
@@ -559,9 +737,11 @@ class _Machine:
             self.out.entered_running = True
             message = f"{p.nodes} pods running (attempt {n})"
             self.cond(C.RUNNING, True, Reason.ALL_PODS_RUNNING, message)
-            self.event(
-                EventType.NORMAL, Reason.RUNNING, f"all {p.nodes} pods are running (attempt {n})"
-            )
+            if self.st.gang < n:
+                text = f"attempt {n} runs in the gang's {p.nodes} pods (restarted in place)"
+            else:
+                text = f"all {p.nodes} pods are running (attempt {n})"
+            self.event(EventType.NORMAL, Reason.RUNNING, text)
         elif not running and self.st.phase == Phase.RUNNING:
             self.st.phase = Phase.PENDING
             self.st.running_since = None
@@ -587,8 +767,10 @@ class _Machine:
         if lease is None or lease.progress is None:
             return
         prog = lease.progress
-        old_time = parse_time((self.st.progress or {}).get("time"))
-        if old_time is not None and old_time >= prog.time:
+        old = self.st.progress or {}
+        old_time = parse_time(old.get("time"))
+        # A new attempt's first record is always copied: it says the restart reached its step.
+        if old.get("attempt") == prog.attempt and old_time is not None and old_time >= prog.time:
             return
         hold = self.w.progress_not_before
         if hold is not None and self.now < hold:
@@ -599,7 +781,7 @@ class _Machine:
 
     def done(self) -> Outcome:
         if self.queue is not None:
-            self.out.workload = self.queue.settle(self.w.pods) or None
+            self.out.workload = self.queue.settle(self.w.pods, self.current) or None
         self.out.status = self.st.to_raw()
         soonest = min(self.deadlines, default=None)
         wait = math.inf
@@ -612,6 +794,14 @@ class _Machine:
         if busy:
             self.out.requeue_after = min(self.out.requeue_after, 5.0)
         return self.out
+
+
+def launcher_lost(x: PodView, when: str) -> Failure:
+    message = (
+        f"the launcher of pod {x.name} lost its connection to the rendezvous host at {when} "
+        "(its container died, or its network failed)"
+    )
+    return Failure("LauncherLost", None, x.name, x.node, message, x.node_rank, pod_lost=True)
 
 
 def summary(progress: Progress, train_iters: int) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from megatron_contract import env as contract_env
 from megatron_contract.config import dumps
 from megatron_contract.env import DEFAULT_MASTER_PORT
+from megatron_contract.ladder import DEFAULT_COORDINATOR_PORT
 from megatron_contract.paths import (
     CHECKPOINT_MOUNT,
     CONFIG_KEY,
@@ -24,10 +25,11 @@ from megatron_contract.paths import (
     MSC_CONFIG_MOUNT,
     SCRATCH_MOUNT,
 )
-from megatron_operator.api.job import API_VERSION, KIND, MegatronJob
+from megatron_operator.api.job import API_VERSION, GROUP, KIND, PLURAL, MegatronJob
 from megatron_operator.api.spec import EnvVar, MegatronJobSpec
 from megatron_operator.core.names import (
     ANNOTATION_LAYOUT,
+    ANNOTATION_RESTART_STRATEGY,
     CONTAINER_NAME,
     LABEL_JOB_NAME,
     LABEL_JOB_UID,
@@ -104,7 +106,12 @@ def service(job: MegatronJob) -> Obj:
                     "name": "rendezvous",
                     "port": DEFAULT_MASTER_PORT,
                     "targetPort": DEFAULT_MASTER_PORT,
-                }
+                },
+                {
+                    "name": "coordinator",
+                    "port": DEFAULT_COORDINATOR_PORT,
+                    "targetPort": DEFAULT_COORDINATOR_PORT,
+                },
             ],
         },
     }
@@ -186,8 +193,11 @@ def progress_lease(job: MegatronJob) -> Obj:
 
 
 def trainer_rbac(job: MegatronJob) -> list[Obj]:
-    """A ServiceAccount whose Role can write only this job's progress Lease, and nothing else:
-    no pod verb at all, so user code cannot relabel its pod into a Service or another gang."""
+    """A ServiceAccount whose Role can write only this job's progress Lease and read (and
+    watch) only this job, and nothing else: no pod verb at all, so user code cannot relabel its
+    pod into a Service or another gang, and no status write, so it cannot forge a decision of
+    the operator. The coordinator (the launcher of node rank 0) watches the job for the restart
+    ladder's decisions (docs/architecture.md)."""
     name = trainer_account_name(job.name)
     return [
         {
@@ -206,7 +216,13 @@ def trainer_rbac(job: MegatronJob) -> list[Obj]:
                     "resources": ["leases"],
                     "resourceNames": [progress_lease_name(job.name)],
                     "verbs": ["get", "update", "patch"],
-                }
+                },
+                {
+                    "apiGroups": [GROUP],
+                    "resources": [PLURAL],
+                    "resourceNames": [job.name],
+                    "verbs": ["get", "list", "watch"],
+                },
             ],
         },
         {
@@ -235,6 +251,8 @@ def _env(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> list[Obj
         e.JOB_NAME: job.name,
         e.RESTART_ATTEMPT: str(attempt),
         e.PROGRESS_LEASE: progress_lease_name(job.name),
+        e.RESTART_STRATEGY: job.spec.restart_policy.strategy,
+        e.COORDINATOR_PORT: str(DEFAULT_COORDINATOR_PORT),
     }
     env: list[Obj] = [{"name": k, "value": v} for k, v in plain.items()]
     env += [
@@ -362,7 +380,10 @@ def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
         # leaves the log's tail there instead, so status.lastFailure always says something.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "env": _env(job, plan, node_rank, attempt),
-        "ports": [{"name": "rendezvous", "containerPort": DEFAULT_MASTER_PORT}],
+        "ports": [
+            {"name": "rendezvous", "containerPort": DEFAULT_MASTER_PORT},
+            {"name": "coordinator", "containerPort": DEFAULT_COORDINATOR_PORT},
+        ],
         "resources": _resources(job, plan),
         "volumeMounts": _mounts(job),
         "securityContext": {
@@ -405,7 +426,10 @@ def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
         LABEL_NODE_RANK: str(node_rank),
     }
     meta = _meta(job, pod_name(job.name, node_rank, attempt), labels)
-    meta["annotations"] = {ANNOTATION_LAYOUT: plan.layout_string()}
+    meta["annotations"] = {
+        ANNOTATION_LAYOUT: plan.layout_string(),
+        ANNOTATION_RESTART_STRATEGY: s.restart_policy.strategy,
+    }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 

@@ -88,9 +88,21 @@ def rank_pids(roots: list[int]) -> dict[int, int]:
                 and rank.isascii()
                 and rank.isdigit()
                 and any("megatron_trainer.worker" in c for c in cmd)
+                and not _waiting_standby(child.pid, cmd)
             ):
                 found.setdefault(int(rank), child.pid)
     return found
+
+
+def _waiting_standby(pid: int, cmd: list[str]) -> bool:
+    """A launcher's standby for the next attempt, not released yet: its stdin is still the
+    launcher's pipe (a released one reads /dev/null). It runs no rank."""
+    if "--standby" not in cmd:
+        return False
+    try:
+        return os.readlink(f"/proc/{pid}/fd/0").startswith("pipe:")
+    except OSError:
+        return False
 
 
 def fire(injection: Injection, roots: list[int]) -> bool:

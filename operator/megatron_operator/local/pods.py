@@ -13,9 +13,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_contract.env import MSC_CONFIG, PROGRESS_LEASE, SCRATCH
+from megatron_contract.env import (
+    CONFIG,
+    COORDINATOR_PORT,
+    MASTER_ADDR,
+    MASTER_PORT,
+    MSC_CONFIG,
+    PROGRESS_FILE,
+    PROGRESS_LEASE,
+    REPORT_FILE,
+    SCRATCH,
+    STATUS_FILE,
+)
 from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY
 from megatron_operator.api import FieldError, MegatronJobSpec
+from megatron_operator.core.names import ANNOTATION_RESTART_STRATEGY
 
 
 @dataclass(frozen=True)
@@ -24,6 +36,7 @@ class LocalPod:
     node_rank: int
     argv: list[str]
     env: dict[str, str]
+    strategy: str | None = None  # the pod's restart-strategy annotation
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,16 @@ class Layout:
     @property
     def progress(self) -> Path:
         return self.workdir / "progress.jsonl"
+
+    @property
+    def status(self) -> Path:
+        """The job's status, written after each reconcile: the coordinator's decisions."""
+        return self.workdir / "status.json"
+
+    @property
+    def report(self) -> Path:
+        """The launchers' report (the progress Lease's annotation in a cluster)."""
+        return self.workdir / "launchers.json"
 
     @property
     def scratch(self) -> Path:
@@ -131,7 +154,7 @@ def _env_value(item: dict[str, Any], pod: dict[str, Any]) -> str | None:
 
 
 def local_pods(
-    objs: list[dict[str, Any]], layout: Layout, python: str, port: int
+    objs: list[dict[str, Any]], layout: Layout, python: str, port: int, coordinator_port: int
 ) -> list[LocalPod]:
     out = []
     for pod in (o for o in objs if o["kind"] == "Pod"):
@@ -142,12 +165,18 @@ def local_pods(
             if value is not None:
                 env[item["name"]] = value
         env.update(
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            MEGATRON_CONFIG=str(layout.config),
-            MEGATRON_PROGRESS_FILE=str(layout.progress),
+            {
+                MASTER_ADDR: "127.0.0.1",
+                MASTER_PORT: str(port),
+                COORDINATOR_PORT: str(coordinator_port),
+                CONFIG: str(layout.config),
+                PROGRESS_FILE: str(layout.progress),
+                STATUS_FILE: str(layout.status),
+                REPORT_FILE: str(layout.report),
+            }
         )
-        # No apiserver here: progress goes to the file, which the runner follows.
+        # No apiserver here: progress goes to the file, which the runner follows, and the
+        # coordinator reads the runner's decisions from the status file.
         env.pop(PROGRESS_LEASE, None)
         # checkpoint.url: this machine's MSC_CONFIG (inherited) replaces the mounted Secret.
         env.pop(MSC_CONFIG, None)
@@ -162,6 +191,9 @@ def local_pods(
                 node_rank=int(pod["metadata"]["labels"]["megatron.dev/node-rank"]),
                 argv=argv,
                 env=env,
+                strategy=(pod["metadata"].get("annotations") or {}).get(
+                    ANNOTATION_RESTART_STRATEGY
+                ),
             )
         )
     return out

@@ -1,12 +1,15 @@
 """Run a job's pods as local process groups, driven by the operator's own state machine.
 
-Each poll observes the process groups as pods (Running, Succeeded, or Failed with the exit code)
-and rank 0's latest record in the trainer's progress file as the job's progress Lease, and hands
-them to `core.reconcile`, exactly as the operator hands it the pods and the Lease it watches. The Outcome is applied the same way too: delete
-pods (SIGTERM to the process group, SIGKILL after the grace period), then create the new
-attempt's pods (start processes with the rendered pod's command and env). Failure rules, gang
-restarts, backoff, maxRestarts and hang detection therefore cannot differ between a laptop and
-a cluster. Ctrl-C or SIGTERM stops every pod with SIGTERM, so the trainer saves a checkpoint.
+Each poll observes the process groups as pods (Running, Succeeded, or Failed with the exit code),
+rank 0's latest record in the trainer's progress file and the launchers' report file as the
+job's progress Lease, and hands them to `core.reconcile`, exactly as the operator hands it the
+pods and the Lease it watches. The Outcome is applied the same way too: write the status (to
+`status.json`, where the coordinator of the launchers reads the decisions, as it watches the job
+in a cluster), delete pods (SIGTERM to the process group, SIGKILL after the grace period), then
+create pods (start processes with the rendered pod's command and env). Failure rules, the
+restart ladder (in place, one pod replaced, every pod recreated), backoff, maxRestarts and hang
+detection therefore cannot differ between a laptop and a cluster. Ctrl-C or SIGTERM stops every
+pod with SIGTERM, so the trainer saves a checkpoint.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from megatron_contract.ladder import parse_report
 from megatron_operator.api.job import API_VERSION, KIND, MegatronJob
 from megatron_operator.api.status import Phase
 from megatron_operator.core.observe import LeaseView, PodView, parse_progress
@@ -56,6 +60,7 @@ class Running:
     proc: subprocess.Popen[bytes]
     log: IO[bytes]
     code: int | None = None
+    strategy: str | None = None
 
     def view(self, uid: str | None) -> PodView:
         """The pod as the state machine sees pods: a phase and an exit code."""
@@ -79,16 +84,24 @@ class Running:
             else "Error",
             status_reason=None,
             disruption=None,
+            strategy=self.strategy,
         )
 
 
-def file_lease(latest: dict[str, Any] | None) -> LeaseView | None:
-    """The progress file's newest record as the cluster's progress Lease: the record, and its
-    time as the heartbeat (renewTime) of the hang rule."""
+def file_lease(latest: dict[str, Any] | None, report: str | None = None) -> LeaseView | None:
+    """The progress file's newest record and the launchers' report file as the cluster's
+    progress Lease: the record, its time as the heartbeat (renewTime) of the hang rule, and the
+    report of the restart ladder."""
     record = parse_progress(json.dumps(latest)) if latest else None
-    if record is None:
+    launchers = parse_report(report)
+    if record is None and launchers is None:
         return None
-    return LeaseView(holder=None, renew_time=record.time, progress=record)
+    return LeaseView(
+        holder=None,
+        renew_time=record.time if record is not None else None,
+        progress=record,
+        report=launchers,
+    )
 
 
 @dataclass
@@ -123,6 +136,8 @@ class LocalRunner:
         self.started = time.monotonic()
         self.pods: dict[str, Running] = {}
         self.restart_iterations: list[int] = []
+        self.master_port = 0  # the gang's first rendezvous port and its coordinator's port
+        self.coordinator_port = 0
         # The job as the apiserver would hold it; its status is the state machine's.
         self.doc: dict[str, Any] = {
             "apiVersion": API_VERSION,
@@ -159,6 +174,8 @@ class LocalRunner:
     def _run(self) -> Result:
         self.layout.checkpoints.mkdir(parents=True, exist_ok=True)
         self.progress.read_new()  # skip reports of an earlier run in this workdir
+        for stale in (self.layout.status, self.layout.report):  # an earlier run's decisions
+            stale.unlink(missing_ok=True)
         while True:
             for rec in self.progress.read_new():
                 self.display.progress(rec)
@@ -168,7 +185,7 @@ class LocalRunner:
                 return self._interrupted()
             uid = self.job.metadata.uid
             views = [r.view(uid) for r in self.pods.values()]
-            lease = file_lease(self.progress.latest)
+            lease = file_lease(self.progress.latest, _read(self.layout.report))
             out = reconcile(World(job=self.doc, pods=views, now=datetime.now(UTC), lease=lease))
             self._apply(out)
             status = self.doc["status"]
@@ -180,6 +197,10 @@ class LocalRunner:
         """The operator's order: status (and its events), deletes, creates."""
         before = self.doc["status"]
         self.doc["status"] = out.status
+        if out.status != before:
+            _write_atomically(self.layout.status, json.dumps(out.status))
+        if out.status.get("phase") != Phase.RESTARTING:
+            self.display.set_attempt(int(out.status.get("restartAttempt", 0)))
         attempt = int(out.status.get("restartAttempt", 0))
         for event in out.events:
             self.display.event(f"[attempt {before.get('restartAttempt', 0)}] {event.message}")
@@ -192,8 +213,9 @@ class LocalRunner:
                     self.display.event(f"  {failed.name}: {tail}")
         restart_at = out.status.get("restartAt")
         if restart_at and restart_at != before.get("restartAt"):
+            rung = (out.status.get("lastFailure") or {}).get("rung", "")
             self.display.event(
-                f"restarting all pods at {restart_at} (restart {out.status.get('restarts')})"
+                f"restart {out.status.get('restarts')} ({rung}) after the backoff, at {restart_at}"
             )
         doomed = [self.pods[n] for n in out.delete_pods if n in self.pods]
         if doomed:
@@ -203,6 +225,8 @@ class LocalRunner:
                 del self.pods[r.name]
         if out.create_pods:
             self._start(out.create, attempt)
+        elif any(o["kind"] == "ConfigMap" for o in out.create):  # released in place
+            self._write_config(out.create)
 
     def _result(self, status: dict[str, Any]) -> Result:
         self._stop(list(self.pods.values()))
@@ -248,14 +272,22 @@ class LocalRunner:
 
     # --- pods as process groups
     def _start(self, objs: list[dict[str, Any]], attempt: int) -> None:
-        if any(o["kind"] == "ConfigMap" for o in objs):
-            config = local_config(objs, self.layout)
-            self.layout.config.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        self._write_config(objs)
         logs = self.layout.logs(attempt)
         logs.mkdir(parents=True, exist_ok=True)
         self.display.set_attempt(attempt)
-        port = free_port()  # a fresh rendezvous port per attempt: the last one may linger
-        for pod in local_pods(objs, self.layout, self.python, port):
+        ranks = {
+            int(o["metadata"]["labels"]["megatron.dev/node-rank"])
+            for o in objs
+            if o["kind"] == "Pod"
+        }
+        if 0 in ranks or not self.coordinator_port:
+            # A new gang: fresh ports (the last gang's may linger). A pod replaced alone joins
+            # its gang's coordinator; later attempts' rendezvous ports are the coordinator's.
+            self.master_port, self.coordinator_port = free_port(), free_port()
+        for pod in local_pods(
+            objs, self.layout, self.python, self.master_port, self.coordinator_port
+        ):
             log = (logs / f"{pod.name}.log").open("wb")
             proc = subprocess.Popen(
                 pod.argv,
@@ -264,7 +296,15 @@ class LocalRunner:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: Ctrl-C reaches us, not it
             )
-            self.pods[pod.name] = Running(pod.name, pod.node_rank, attempt, proc, log)
+            self.pods[pod.name] = Running(
+                pod.name, pod.node_rank, attempt, proc, log, strategy=pod.strategy
+            )
+
+    def _write_config(self, objs: list[dict[str, Any]]) -> None:
+        if any(o["kind"] == "ConfigMap" for o in objs):
+            config = local_config(objs, self.layout)
+            text = json.dumps(config, indent=2) + "\n"
+            _write_atomically(self.layout.config, text)
 
     def _maybe_inject(self, rec: dict[str, Any]) -> None:
         step = rec.get("iteration")
@@ -331,6 +371,19 @@ def _log_tail(r: Running, lines: int = 3) -> str:
         return ""
     tail = [ln for ln in text.splitlines() if ln.strip()][-lines:]
     return " | ".join(tail)[-500:]
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _killpg(pid: int, sig: int) -> None:

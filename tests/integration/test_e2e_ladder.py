@@ -1,0 +1,126 @@
+"""The restart ladder on real kubelets: a rank process killed inside a running pod restarts in
+place, and a killed container replaces that pod alone.
+
+One job on two of the session's real nodes, with the chart's operator (`real_operator`,
+conftest.py) and the trainer image built from Dockerfile.trainer. The rank is killed with `cluster kill-process`
+(one process of the container; the launcher, PID 1 of the container, lives on), the container
+with `cluster kill-container`. Losses are compared with `mjob run --local` of the same spec, step
+by step, as in test_e2e.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .real_nodes_support import RealCluster
+from .test_e2e import (
+    RANK_LABEL,
+    Rank0Logs,
+    assert_same_curve,
+    job_doc,
+    job_status,
+    local_losses,
+    new_ns,
+    pods_of,
+    spec,
+    wait_phase,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def uids(c: RealCluster, ns: str, job: str) -> dict[str, str]:
+    """Node rank → the uid of the job's live pod of that rank."""
+    return {
+        p["metadata"]["labels"][RANK_LABEL]: p["metadata"]["uid"]
+        for p in pods_of(c, ns, job)
+        if not p["metadata"].get("deletionTimestamp")
+        and p.get("status", {}).get("phase") not in ("Failed", "Succeeded")
+    }
+
+
+def wait_attempt_step(
+    c: RealCluster, logs: Rank0Logs, attempt: int, after: int, timeout: float = 300
+) -> dict[str, Any]:
+    """Rank 0's first progress record of `attempt` beyond iteration `after` (its log)."""
+
+    def stepped() -> dict[str, Any] | None:
+        with logs.lock:
+            found = [r for r in logs.records if r.get("attempt") == attempt]
+        return found[0] if found and max(r["iteration"] for r in found) > after else None
+
+    result: dict[str, Any] = c.wait(stepped, timeout, 0.5, f"a step of attempt {attempt}")
+    return result
+
+
+def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod(
+    real_operator: RealCluster, tmp_path: Path
+) -> None:
+    c = real_operator
+    ns = new_ns(c, "ladder")
+    s = spec(c.image("trainer"), **{"restartPolicy.strategy": "InPlace"})
+    c.apply(job_doc("ladder", s), ns)
+    logs = Rank0Logs(c, ns, "ladder")
+    try:
+        wait_phase(c, ns, "ladder", {"Running"}, 300)
+        c.wait(lambda: logs.iteration() >= 8, 300, 0.2, "iteration 8 in rank 0's log")
+        first = uids(c, ns, "ladder")
+        assert set(first) == {"0", "1"}
+        pod0 = next(
+            p["metadata"]["name"]
+            for p in pods_of(c, ns, "ladder")
+            if p["metadata"]["labels"][RANK_LABEL] == "0"
+        )
+        killed = c.kill_process(ns, pod0, "megatron_trainer.worker", RANK="1")
+        assert killed["signal"] == "SIGKILL" and "megatron_trainer.worker" in killed["command"]
+        at = logs.iteration()
+
+        # 1. In place: the same pods (UIDs), restarts 1, rung InPlace; attempt 1 trains.
+        resumed = wait_attempt_step(c, logs, attempt=1, after=0)
+        assert resumed["iteration"] <= at + 1, (resumed, at)  # from a checkpoint, not step 0
+        st = job_status(c, ns, "ladder")
+        assert st["restarts"] == 1 and st["restartAttempt"] == 1, st
+        assert st["lastFailure"]["rung"] == "InPlace", st["lastFailure"]
+        # The killed rank (137) is normally the first the coordinator hears of; a rank of the
+        # other pod that lost its peer exits 1 a moment later.
+        assert st["lastFailure"]["exitCode"] in (137, 1), st["lastFailure"]
+        assert uids(c, ns, "ladder") == first
+        wait_attempt_step(c, logs, attempt=1, after=resumed["iteration"] + 2)
+
+        # 2. The container of node rank 1 is killed: only that pod is replaced.
+        pod1 = next(
+            p["metadata"]["name"]
+            for p in pods_of(c, ns, "ladder")
+            if p["metadata"]["labels"][RANK_LABEL] == "1"
+        )
+        out = c.kill_container(ns, pod1, "KILL")
+        assert out["signal"] == "SIGKILL"
+        at = logs.iteration()
+        resumed = wait_attempt_step(c, logs, attempt=2, after=0)
+        assert resumed["iteration"] <= at + 1
+        st = job_status(c, ns, "ladder")
+        assert st["restarts"] == 2 and st["lastFailure"]["rung"] == "ReplacePod", st
+        now = uids(c, ns, "ladder")
+        assert now["0"] == first["0"] and now["1"] != first["1"], (first, now)
+        replaced = next(p for p in pods_of(c, ns, "ladder") if p["metadata"]["uid"] == now["1"])
+        assert replaced["metadata"]["name"] == "ladder-a2-1"
+        assert replaced["spec"]["hostname"] == "ladder-1"
+
+        done = wait_phase(c, ns, "ladder", {"Succeeded", "Failed"}, 900)
+        assert done["phase"] == "Succeeded", done
+        assert done["restarts"] == 2, done
+    finally:
+        logs.close()
+        # The session's other scenarios share these nodes: never leave this job training.
+        c.kubectl("delete", "namespace", ns, "--wait=false")
+    worst = assert_same_curve(logs.losses, local_losses(tmp_path, "ladder", s), 30)
+    lines = logs.text().splitlines()
+    print(
+        f"ladder: in place then one pod replaced; worst relative difference to local {worst:.1e}",
+        file=sys.stderr,
+    )
+    print("\n".join(line for line in lines if "megatron_trainer:" in line)[-4000:], file=sys.stderr)

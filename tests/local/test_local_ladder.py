@@ -1,0 +1,90 @@
+"""The restart ladder in `mjob run --local`, where processes stand in for pods: a killed rank
+restarts in place inside its launcher process, a killed launcher process ("pod") is replaced
+alone, and both resume exactly (losses bit-identical to an uninterrupted run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from .test_local_run import ROOT, run_argv
+
+pytestmark = pytest.mark.trainer
+
+# Two "pods" of one rank each (data parallel 2), so there is a pod to replace.
+TWO_PODS = ["--set", "resources.nodes=2", "--set", "resources.procsPerNode=1"]
+TWO_PODS += ["--set", "parallelism.tensor=1", "--set", "checkpoint.keep=0"]
+
+
+def run(workdir: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+    argv = run_argv(workdir, *TWO_PODS, *extra, iters=14, save=3)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200, check=False, cwd=ROOT)
+    path = workdir / "summary.json"
+    return proc.returncode, json.loads(path.read_text()) if path.exists() else {}, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    code, summary, out = run(tmp_path_factory.mktemp("clean"))
+    assert code == 0, out
+    return summary
+
+
+def test_a_killed_rank_restarts_in_place(clean: dict[str, Any], tmp_path: Path) -> None:
+    code, s, out = run(tmp_path, "--inject-failure", "6:1")
+    assert code == 0, out[-3000:]
+    assert s["restarts"] == 1 and s["losses"] == clean["losses"]
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["lastFailure"]["rung"] == "InPlace", status["lastFailure"]
+    assert status["gangAttempt"] == 0 and status["restartAttempt"] == 1
+    # No process group was replaced: every "pod" log is attempt 0's, and it goes on.
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["attempt-0"]
+    pod1 = (tmp_path / "logs" / "attempt-0" / "cpu-tiny-a0-1.log").read_text()
+    assert "started the ranks of attempt 1" in pod1
+
+
+def test_a_killed_launcher_process_is_replaced_alone(clean: dict[str, Any], tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        run_argv(tmp_path, *TWO_PODS, iters=14, save=3),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    progress = tmp_path / "progress.jsonl"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        lines = progress.read_text().splitlines() if progress.exists() else []
+        if len(lines) >= 5:
+            break
+        time.sleep(0.2)
+    launchers = [
+        p
+        for p in psutil.Process(proc.pid).children(recursive=True)
+        if p.cmdline()[-2:] == ["-m", "megatron_trainer"] and p.environ().get("NODE_RANK") == "1"
+    ]
+    assert len(launchers) == 1
+    os.kill(launchers[0].pid, signal.SIGKILL)  # the "container" of node rank 1
+    out, _ = proc.communicate(timeout=1200)
+    assert proc.returncode == 0, out[-3000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["restarts"] == 1 and s["losses"] == clean["losses"]
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["lastFailure"]["rung"] == "ReplacePod", status["lastFailure"]
+    logs = tmp_path / "logs"
+    assert sorted(p.name for p in (logs / "attempt-0").iterdir()) == [
+        "cpu-tiny-a0-0.log",
+        "cpu-tiny-a0-1.log",
+    ]
+    assert sorted(p.name for p in (logs / "attempt-1").iterdir()) == ["cpu-tiny-a1-1.log"]
+    assert (
+        "started the ranks of attempt 1" in (logs / "attempt-0" / "cpu-tiny-a0-0.log").read_text()
+    )

@@ -1,0 +1,273 @@
+"""The InPlace launcher for real: launchers as processes, their coordinator, real rank processes
+and signals; the ranks are stand-ins (inplace_stub.py) and the test plays the operator through
+the status file, as `mjob run --local` does. No torch: these run in seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from megatron_contract.exitcodes import ExitCode
+from megatron_contract.ladder import Report, parse_report
+
+from .trainer_runs import free_port
+
+STUB = Path(__file__).with_name("inplace_stub.py")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0): read its state.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait(predicate: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Gang:
+    """`nodes` launchers of `nproc` stand-in ranks each, and the status file they follow."""
+
+    def __init__(self, workdir: Path, nodes: int = 2, nproc: int = 2, **extra: str) -> None:
+        self.dir = workdir
+        self.nodes, self.nproc = nodes, nproc
+        self.master_port, self.coordinator_port = free_port(), free_port()
+        self.status_file = workdir / "status.json"
+        self.report_file = workdir / "report.json"
+        self.extra = extra
+        self.launchers: dict[int, subprocess.Popen[bytes]] = {}
+        self.status(0, "Pending")
+
+    def env(self, node: int, attempt: int = 0, pod: str | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_")}
+        env.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(self.master_port),
+            WORLD_SIZE=str(self.nodes * self.nproc),
+            NNODES=str(self.nodes),
+            NODE_RANK=str(node),
+            NPROC_PER_NODE=str(self.nproc),
+            MEGATRON_CONFIG=str(self.dir / "unused.json"),
+            MEGATRON_RESTART_ATTEMPT=str(attempt),
+            MEGATRON_RESTART_STRATEGY="InPlace",
+            MEGATRON_COORDINATOR_PORT=str(self.coordinator_port),
+            MEGATRON_STATUS_FILE=str(self.status_file),
+            MEGATRON_REPORT_FILE=str(self.report_file),
+            POD_NAME=pod or f"job-a{attempt}-{node}",
+            **self.extra,
+        )
+        return env
+
+    def launch(self, node: int, attempt: int = 0, pod: str | None = None, **env: str) -> None:
+        with (self.dir / f"launcher-{node}-{attempt}.log").open("ab") as log:
+            self.launchers[node] = subprocess.Popen(
+                [sys.executable, str(STUB), "launcher", str(self.dir)],
+                env={**self.env(node, attempt, pod), **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def status(self, attempt: int, phase: str) -> None:
+        tmp = self.status_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"restartAttempt": attempt, "phase": phase}))
+        os.replace(tmp, self.status_file)
+
+    def ranks(self, attempt: int | None = None) -> list[dict[str, Any]]:
+        path = self.dir / "ranks.jsonl"
+        if not path.exists():
+            return []
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [r for r in rows if attempt is None or r["attempt"] == attempt]
+
+    def started(self, attempt: int) -> list[dict[str, Any]]:
+        return wait(
+            lambda: rows if len(rows := self.ranks(attempt)) == self.nodes * self.nproc else None,
+            f"every rank of attempt {attempt}",
+        )
+
+    def report(self) -> Report | None:
+        try:
+            return parse_report(self.report_file.read_text())
+        except OSError:
+            return None
+
+    def finish(self, attempt: int, code: int = 0, ranks: list[int] | None = None) -> None:
+        for r in ranks if ranks is not None else range(self.nodes * self.nproc):
+            (self.dir / f"exit-{attempt}-{r}").write_text(str(code))
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text() for p in sorted(self.dir.glob("launcher-*.log")))
+
+    def stop(self) -> None:
+        for proc in self.launchers.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def gang(tmp_path: Path) -> Iterator[Gang]:
+    g = Gang(tmp_path)
+    try:
+        yield g
+    finally:
+        g.stop()
+
+
+def test_ranks_start_behind_the_barrier_and_restart_in_place_on_the_decision(gang: Gang) -> None:
+    gang.launch(1)
+    time.sleep(0.5)
+    assert gang.ranks() == []  # the barrier: node rank 0 (the coordinator) is not up yet
+    gang.launch(0)
+    first = gang.started(0)
+    assert {r["port"] for r in first} == {gang.master_port}
+    pids = {r["rank"]: r["pid"] for r in first}
+    launchers = {n: p.pid for n, p in gang.launchers.items()}
+
+    os.kill(pids[3], signal.SIGKILL)  # a rank process dies inside a running "pod"
+    report = wait(lambda: r if (r := gang.report()) and r.failures else None, "the report")
+    assert report.attempt == 0
+    assert [(f.node_rank, f.local_rank, f.exit_code) for f in report.failures] == [(1, 1, 137)]
+    wait(lambda: not alive(pids[2]), "rank 2 (same pod) to be stopped by its launcher")
+    assert alive(pids[0]) and alive(pids[1])  # the other pod waits for the decision
+
+    gang.status(1, "Restarting")  # the decision: attempt 1, not released yet (the backoff)
+    wait(lambda: not alive(pids[0]) and not alive(pids[1]), "the older attempt to stop")
+    time.sleep(0.3)
+    assert gang.ranks(1) == []
+    gang.status(1, "Running")  # the release
+    second = gang.started(1)
+    ports = {r["port"] for r in second}
+    assert len(ports) == 1 and ports != {gang.master_port}  # a fresh rendezvous port
+    report = wait(lambda: r if (r := gang.report()) and r.started == 2 else None, "started")
+    assert report.attempt == 1 and report.failures == () and report.started_at and report.seen_at
+    # The same launcher processes ("pods") run attempt 1.
+    assert {n: p.pid for n, p in gang.launchers.items()} == launchers
+    assert all(p.poll() is None for p in gang.launchers.values())
+
+    gang.finish(1, ranks=[2, 3])  # node rank 1 finishes first: it leaves, it is not lost
+    assert gang.launchers[1].wait(timeout=20) == 0, gang.logs()
+    time.sleep(0.3)
+    report = gang.report()
+    assert report is not None and report.lost == ()
+    gang.finish(1, ranks=[0, 1])
+    assert gang.launchers[0].wait(timeout=20) == 0, gang.logs()
+    assert not [r for r in gang.ranks() if alive(r["pid"])]
+
+
+def test_a_lost_launcher_is_reported_and_its_replacement_joins_the_barrier(gang: Gang) -> None:
+    gang.launch(0)
+    gang.launch(1)
+    first = {r["rank"]: r["pid"] for r in gang.started(0)}
+    gang.launchers[1].kill()  # the container of "pod" 1 dies
+    gang.launchers[1].wait()
+    report = wait(lambda: r if (r := gang.report()) and r.lost else None, "the lost launcher")
+    assert [(x.node_rank, x.pod) for x in report.lost] == [(1, "job-a0-1")]
+    wait(lambda: not alive(first[2]) and not alive(first[3]), "pod 1's ranks to die with it")
+
+    gang.status(1, "Restarting")
+    wait(lambda: not alive(first[0]) and not alive(first[1]), "pod 0's ranks to stop")
+    gang.status(1, "Running")  # released before the replacement is up: the barrier holds
+    time.sleep(0.3)
+    assert gang.ranks(1) == []
+    gang.launch(1, attempt=1)  # the replacement pod, job-a1-1
+    gang.started(1)
+    report = wait(lambda: r if (r := gang.report()) and r.started == 2 else None, "started")
+    assert report.lost == ()
+    gang.finish(1)
+    assert {n: p.wait(timeout=20) for n, p in gang.launchers.items()} == {0: 0, 1: 0}
+
+
+def test_sigterm_reaches_the_ranks_and_the_launcher_exits_143(gang: Gang) -> None:
+    gang.launch(0)
+    gang.launch(1)
+    ranks = gang.started(0)
+    for proc in gang.launchers.values():
+        proc.send_signal(signal.SIGTERM)
+    codes = {n: p.wait(timeout=20) for n, p in gang.launchers.items()}
+    assert codes == {0: ExitCode.SIGTERM, 1: ExitCode.SIGTERM}
+    assert not [r for r in ranks if alive(r["pid"])]
+
+
+def test_without_the_coordinator_healthy_ranks_run_on_and_a_failed_one_ends_the_pod(
+    tmp_path: Path,
+) -> None:
+    gang = Gang(tmp_path, STUB_RECONNECT_GRACE="1")
+    try:
+        gang.launch(0)
+        gang.launch(1)
+        pids = {r["rank"]: r["pid"] for r in gang.started(0)}
+        gang.launchers[0].kill()  # the coordinator's pod is gone
+        gang.launchers[0].wait()
+        time.sleep(1.5)
+        assert gang.launchers[1].poll() is None and alive(pids[2]) and alive(pids[3])
+        gang.finish(0, code=5, ranks=[2])
+        assert gang.launchers[1].wait(timeout=20) == 5, gang.logs()
+        assert "cannot report the failed rank to the coordinator" in gang.logs()
+    finally:
+        gang.stop()
+
+
+def test_no_decision_in_time_ends_the_pod_with_the_ranks_code(tmp_path: Path) -> None:
+    gang = Gang(tmp_path, nodes=1)
+    try:
+        gang.launch(0, STUB_DECISION_TIMEOUT="1")
+        gang.started(0)
+        gang.finish(0, code=9, ranks=[0])
+        assert gang.launchers[0].wait(timeout=20) == 9, gang.logs()
+        assert "no decision" in gang.logs()
+    finally:
+        gang.stop()
+
+
+def test_a_coordinator_that_hears_no_operator_lets_a_failed_rank_end_its_pod(
+    tmp_path: Path,
+) -> None:
+    """No status file and no apiserver: the ranks still start behind the barrier, and a failure
+    ends the pod at once, as a plain launcher's would."""
+    gang = Gang(tmp_path, nodes=1)
+    try:
+        gang.launch(0, MEGATRON_STATUS_FILE="")
+        gang.started(0)
+        gang.finish(0, code=3, ranks=[1])
+        assert gang.launchers[0].wait(timeout=20) == 3, gang.logs()
+        assert "a failed rank will end its pod" in gang.logs()
+    finally:
+        gang.stop()
+
+
+def test_the_coordinator_drops_what_is_not_the_protocol(gang: Gang) -> None:
+    import socket
+
+    gang.launch(0)
+    gang.launch(1)
+    gang.started(0)
+    for junk in (b"not json\n", b'{"op":"failed"}\n', b"x" * 10000, b'{"op":"hello","node":99}\n'):
+        with socket.create_connection(("127.0.0.1", gang.coordinator_port), timeout=5) as s:
+            s.sendall(junk)
+            s.settimeout(5)
+            assert s.recv(10) == b""  # closed on us
+    assert all(p.poll() is None for p in gang.launchers.values())
+    report = gang.report()
+    assert report is None or (report.failures == () and report.lost == ())

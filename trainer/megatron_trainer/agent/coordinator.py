@@ -1,0 +1,332 @@
+"""The coordinator: in the launcher of node rank 0, every launcher's one connection.
+
+It holds three things and nothing else:
+- the operator's decision, from a `Source` (the job's status): `restartAttempt`, and whether
+  the phase releases it (not `Restarting`);
+- the launchers: which node ranks are connected, which attempt their ranks run;
+- the report for the operator, through a `Sink`: the rank failures of the attempt the gang
+  runs, the launchers whose connection dropped, and when the gang (re)started.
+
+On a decision it tells every launcher running an older attempt to stop; once the attempt is
+released and every node rank is connected with nothing running (the barrier), it tells all of
+them to start it, on a fresh rendezvous port. One thread, one `selectors` loop: at 4,096
+launchers a decision is 4,096 small writes on connections that are already open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import resource
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from megatron_contract.ladder import (
+    MAX_FAILURES,
+    PHASE_RESTARTING,
+    PHASES_ENDED,
+    LostLauncher,
+    RankFailure,
+    Report,
+)
+
+from .sources import Sink, Source
+from .wire import Conn, Message, ProtocolError, count
+
+log = logging.getLogger(__name__)
+
+# Failures and dropped launchers arrive in bursts (one rank dies, its peers lose it a moment
+# later): the report waits this long for the rest of the burst before it is written.
+REPORT_SETTLE_SECONDS = 0.05
+
+
+def now_text() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def raise_fd_limit() -> None:
+    """One descriptor per launcher: lift the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+@dataclass
+class Client:
+    node: int | None = None  # None until its hello
+    pod: str = ""
+    leaving: bool = False  # it said bye: its connection ending is no loss
+    epoch: int | None = None  # the attempt its ranks run; None: no rank runs
+    stop_sent: int = -1
+
+
+class Coordinator:
+    def __init__(
+        self,
+        nodes: int,
+        attempt: int,
+        first_port: int,
+        bind: str,
+        port: int,
+        source: Source | None,
+        sink: Sink,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.say = say or (lambda text: log.info("%s", text))
+        self.nodes = nodes
+        self.decided = attempt  # status.restartAttempt (the pod's own attempt until it is read)
+        self.released = attempt  # the newest attempt whose ranks may start
+        self.ended = False
+        self.started_attempt: int | None = None  # the attempt the gang was last told to start
+        self.first_port = first_port
+        self.bind = bind
+        self.source = source
+        self.sink = sink
+        self.clients: dict[Conn, Client] = {}
+        self.by_node: dict[int, Conn] = {}
+        self.lost: dict[int, LostLauncher] = {}
+        self.failures: list[RankFailure] = []
+        self.started: set[int] = set()
+        self.started_at: str | None = None
+        self.seen_at: str | None = None
+        self.report_due: float | None = None
+        self.decisions: queue.SimpleQueue[tuple[int, str | None]] = queue.SimpleQueue()
+        self.stopping = False
+        raise_fd_limit()
+        self.listener = socket.create_server((bind, port), backlog=4096, reuse_port=False)
+        self.listener.setblocking(False)
+        self.port = int(self.listener.getsockname()[1])
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.thread = threading.Thread(target=self.serve, name="coordinator", daemon=True)
+
+    # --- lifecycle
+    def start(self) -> None:
+        if self.source is not None:
+            self.source.start(self.deliver)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self._wake()
+        if self.source is not None:
+            self.source.stop()
+        self.thread.join(timeout=5)
+        self.sink.close()
+
+    def deliver(self, attempt: int, phase: str | None) -> None:
+        """The source's thread hands over a status (restartAttempt, phase)."""
+        self.decisions.put((attempt, phase))
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # a full pipe: the loop is awake anyway
+            os.write(self.wake_w, b"x")
+
+    # --- the loop
+    def serve(self) -> None:
+        while not self.stopping:
+            timeout = None
+            if self.report_due is not None:
+                timeout = max(self.report_due - time.monotonic(), 0.0)
+            for key, events in self.selector.select(timeout):
+                if key.data == "accept":
+                    self._accept()
+                elif key.data == "wake":
+                    self._drain_wake()
+                else:
+                    conn = key.fileobj
+                    assert isinstance(conn, Conn)
+                    if events & selectors.EVENT_WRITE:
+                        conn.flush()
+                    if events & selectors.EVENT_READ and not conn.closed:
+                        self._read(conn)
+                    self._watch_writes(conn)
+            while not self.decisions.empty():
+                self._decided(*self.decisions.get())
+            self._act()
+            if self.report_due is not None and time.monotonic() >= self.report_due:
+                self.report_due = None
+                self.sink.submit(self.report())
+        for conn in list(self.clients):
+            conn.close()
+        self.listener.close()
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self.wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:  # out of descriptors: drop this one, keep serving
+                log.warning("coordinator: accept failed: %s", err)
+                return
+            if len(self.clients) >= 2 * self.nodes + 16:
+                sock.close()  # more than any gang has: not ours
+                continue
+            conn = Conn(sock)
+            self.clients[conn] = Client()
+            self.selector.register(conn, selectors.EVENT_READ, "client")
+
+    def _watch_writes(self, conn: Conn) -> None:
+        if conn not in self.clients:
+            return
+        if conn.closed:
+            self._gone(conn)
+            return
+        mask = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.wants_write else 0)
+        self.selector.modify(conn, mask, "client")
+
+    def _read(self, conn: Conn) -> None:
+        try:
+            for message in conn.receive():
+                self._handle(conn, message)
+        except ProtocolError as err:
+            log.warning("coordinator: dropping a connection: %s", err)
+            conn.close()
+        if conn.closed:
+            self._gone(conn)
+
+    def _gone(self, conn: Conn) -> None:
+        client = self.clients.pop(conn, None)
+        if client is None:
+            return
+        self.selector.unregister(conn)
+        conn.close()
+        if client.node is None:
+            return
+        if self.by_node.get(client.node) is conn:
+            del self.by_node[client.node]
+            if client.leaving:
+                return
+            self.lost[client.node] = LostLauncher(client.node, client.pod, now_text())
+            log.warning(
+                "coordinator: the launcher of %s (node rank %d) dropped", client.pod, client.node
+            )
+            self._report_soon(REPORT_SETTLE_SECONDS)
+
+    def _send(self, conn: Conn, message: Message) -> None:
+        conn.send(message)
+        self._watch_writes(conn)
+
+    # --- messages
+    def _handle(self, conn: Conn, m: Message) -> None:
+        client = self.clients[conn]
+        op = m["op"]
+        if op == "hello":
+            node = count(m, "node", self.nodes - 1)
+            pod = m.get("pod")
+            if node is None or client.node is not None or not isinstance(pod, str):
+                raise ProtocolError(f"bad hello {m!r}")
+            older = self.by_node.get(node)
+            if older is not None and older is not conn:
+                self.clients.pop(older, None)
+                self.selector.unregister(older)
+                older.close()  # the same node rank again: the newer connection wins
+            client.node, client.pod, client.epoch = node, pod[:253], count(m, "epoch")
+            self.by_node[node] = conn
+            if self.lost.pop(node, None) is not None:
+                self._report_soon(0.0)
+            return
+        if client.node is None:
+            raise ProtocolError(f"{op!r} before hello")
+        if op == "failed":
+            epoch, local, code = count(m, "epoch"), count(m, "local"), count(m, "code", 255)
+            when = m.get("time")
+            if epoch is None or local is None or code is None or not isinstance(when, str):
+                raise ProtocolError(f"bad failure {m!r}")
+            if epoch == self.started_attempt and len(self.failures) < MAX_FAILURES:
+                self.failures.append(RankFailure(client.node, local, code, when[:64]))
+                self._report_soon(REPORT_SETTLE_SECONDS)
+        elif op == "stopped":
+            client.epoch = None
+        elif op == "bye":
+            client.leaving = True
+        elif op == "started":
+            epoch = count(m, "epoch")
+            client.epoch = epoch
+            if epoch is not None and epoch == self.started_attempt:
+                self.started.add(client.node)
+                if len(self.started) == self.nodes:
+                    self.started_at = now_text()
+                    self._report_soon(0.0)
+        else:
+            raise ProtocolError(f"unknown op {op!r}")
+
+    def _decided(self, attempt: int, phase: str | None) -> None:
+        if attempt < self.decided:
+            return  # an older version of the status than one already seen
+        self.decided = attempt
+        self.ended = phase in PHASES_ENDED
+        if phase != PHASE_RESTARTING and attempt > self.released:
+            self.released = attempt
+            self.seen_at = now_text()
+
+    def _act(self) -> None:
+        """Stop what is older than the decision; start the released attempt behind a barrier."""
+        for conn, c in list(self.clients.items()):
+            if c.epoch is not None and c.epoch < self.decided and c.stop_sent < self.decided:
+                c.stop_sent = self.decided
+                self._send(conn, {"op": "stop", "attempt": self.decided})
+        if self.ended or self.released < self.decided:
+            return
+        if self.started_attempt is not None and self.released <= self.started_attempt:
+            return
+        ready = [self.by_node.get(r) for r in range(self.nodes)]
+        if any(
+            c is None or c not in self.clients or self.clients[c].epoch is not None for c in ready
+        ):
+            return  # the barrier: every node rank connected, no rank of an older attempt alive
+        first = self.started_attempt is None
+        port = self.first_port if first else free_port(self.bind)
+        self.started_attempt = self.released
+        self.failures, self.started, self.started_at = [], set(), None
+        start: Message = {"op": "start", "attempt": self.released, "port": port}
+        if self.source is None:
+            start["inPlace"] = False  # no decision can reach us: a failed rank ends its pod
+        for member in ready:
+            assert member is not None
+            self._send(member, start)
+        self.say(
+            f"coordinator: attempt {self.released} starts on {self.nodes} launcher(s) "
+            f"(rendezvous port {port})"
+        )
+
+    def _report_soon(self, delay: float) -> None:
+        due = time.monotonic() + delay
+        self.report_due = due if self.report_due is None else min(self.report_due, due)
+
+    def report(self) -> Report:
+        return Report(
+            attempt=self.started_attempt if self.started_attempt is not None else self.decided,
+            nodes=self.nodes,
+            started=len(self.started),
+            started_at=self.started_at,
+            seen_at=self.seen_at,
+            failures=tuple(self.failures),
+            lost=tuple(self.lost[n] for n in sorted(self.lost)),
+        )

@@ -1,0 +1,124 @@
+"""Wiring of the InPlace launcher: the coordinator (node rank 0 only), the agent, the signals.
+
+`run` is what `python -m megatron_trainer` does with `MEGATRON_RESTART_STRATEGY=InPlace`; what
+each rank runs comes from the caller (`launcher.py`), as a command and an environment per rank.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from types import FrameType
+
+from megatron_contract.env import RuntimeEnv
+
+from .agent import Agent
+from .coordinator import Coordinator
+from .kubeapi import Api
+from .ranks import EnvFor, RankProcesses, Wrap, become_subreaper
+from .sources import FileSink, JobWatch, LeaseSink, Sink, Source, StatusFile
+
+COORDINATOR_NODE_RANK = 0  # the pod behind MASTER_ADDR; losing it recreates the gang
+
+
+def say(text: str) -> None:
+    """A line of the pod's log, with the time (a restart's steps are seconds apart)."""
+    now = datetime.now(UTC).strftime("%H:%M:%S.%f")[:-3]
+    print(f"megatron_trainer: {now} {text}", file=sys.stderr, flush=True)
+
+
+def loopback(addr: str) -> bool:
+    if addr == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def decisions(env: RuntimeEnv) -> tuple[Source | None, Sink | None, str]:
+    """Where the coordinator hears the operator, and where it reports; with a description."""
+    if env.status_file:
+        sink = FileSink(env.report_file) if env.report_file else None
+        return StatusFile(env.status_file), sink, f"the status file {env.status_file}"
+    api = Api.in_cluster()
+    if api is not None and env.job_name and env.pod_namespace and env.progress_lease:
+        return (
+            JobWatch(api, env.pod_namespace, env.job_name),
+            LeaseSink(api, env.pod_namespace, env.progress_lease),
+            f"a watch of MegatronJob {env.pod_namespace}/{env.job_name}",
+        )
+    return None, None, "nothing (no apiserver and no status file)"
+
+
+class _NoSink:
+    def submit(self, report: object) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def run(
+    env: RuntimeEnv,
+    command: Sequence[str],
+    env_for: EnvFor,
+    standby: Sequence[str] | None = None,
+    wrap: Wrap | None = None,
+    cold: set[int] | None = None,
+) -> int:
+    become_subreaper()
+    address = (env.master_addr, env.coordinator_port)
+    coordinator: Coordinator | None = None
+    if env.node_rank == COORDINATOR_NODE_RANK:
+        source, sink, where = decisions(env)
+        bind = env.master_addr if loopback(env.master_addr) else ""
+        coordinator = Coordinator(
+            env.nnodes,
+            env.restart_attempt,
+            env.master_port,
+            bind,
+            env.coordinator_port,
+            source,
+            sink or _NoSink(),
+            say,
+        )
+        coordinator.start()
+        address = (bind or "127.0.0.1", coordinator.port)
+        say(
+            f"coordinating {env.nnodes} launcher(s) on port {coordinator.port}; decisions from "
+            f"{where}" + ("" if source else ": a failed rank will end its pod")
+        )
+    ranks = RankProcesses(env.nproc_per_node, command, env_for, standby, wrap, cold)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    agent = Agent(
+        node=env.node_rank,
+        pod=env.pod_name or f"node-{env.node_rank}",
+        nproc=env.nproc_per_node,
+        address=address,
+        ranks=ranks,
+        wake_fd=wake_r,
+        say=say,
+    )
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        agent.request_stop(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # only to wake the loop
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    try:
+        return agent.run()
+    finally:
+        signal.set_wakeup_fd(-1)
+        ranks.drop_standbys()
+        ranks.kill()
+        if coordinator is not None:
+            coordinator.stop()

@@ -1,0 +1,232 @@
+"""The pod's rank processes: start, signal, reap, and kill every descendant.
+
+What a rank runs (its command and environment) is the caller's; this module only manages the
+processes. The launcher is a child subreaper, so a helper a rank forked (Megatron-Core's
+checkpoint writer, a data loader) is re-parented to it when the rank dies, and `kill` takes it
+too: no process of an old attempt outlives its attempt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+# Resolved before any fork: the child of a multi-threaded launcher (the coordinator runs in
+# threads) must not load a library between fork and exec.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def prctl(option: int, value: int) -> None:
+    if _LIBC is not None:
+        _LIBC.prctl(option, value, 0, 0, 0)
+
+
+def become_subreaper() -> None:
+    prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def exit_code(status: int) -> int:
+    """Shell convention: a rank killed by signal N reports 128 + N (SIGKILL -> 137)."""
+    return 128 - status if status < 0 else status
+
+
+def send(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def descendants(root: int, keep: set[int] | None = None) -> list[int]:
+    """All live descendants of `root`, from /proc (no psutil needed in the launcher), except the
+    processes in `keep` and theirs."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # Field 4 (ppid) follows the parenthesised command name, which may contain spaces.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields and fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if keep and child in keep:
+                continue
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+class Ranks(Protocol):
+    """The ranks of one pod, one attempt at a time (`StubRanks` in benchmarks/ stands in)."""
+
+    @property
+    def running(self) -> bool:
+        """Some rank of the current attempt has not been reaped yet."""
+        ...
+
+    def start(self, attempt: int, port: int) -> None:
+        """Start every local rank of `attempt`, whose rendezvous is on `port`."""
+        ...
+
+    def reap(self) -> list[tuple[int, int]]:
+        """(local rank, exit code) of the ranks that ended since the last call; never blocks."""
+        ...
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to every live rank."""
+        ...
+
+    def kill(self) -> None:
+        """SIGKILL every rank and everything they started; return once the ranks are reaped."""
+        ...
+
+
+EnvFor = Callable[[int, int, int], Mapping[str, str]]  # (local rank, attempt, port) → env
+Wrap = Callable[[int, int, list[str]], list[str]]  # (local rank, attempt, command) → command
+
+
+class RankProcesses:
+    """`nproc` processes running `command`, each with `env_for(local rank, attempt, port)`.
+
+    With a `standby` command, one process per local rank is kept ready for the next attempt: it
+    imports what a rank needs and waits on its stdin, where `start` writes the variables that
+    differ for the attempt (one JSON line). Only what a rank costs before it touches a process
+    group or a device is saved; a standby that died is replaced by a cold start."""
+
+    KILL_WAIT_SECONDS = 30.0  # a process in uninterruptible sleep (a hung NFS write) may linger
+
+    def __init__(
+        self,
+        nproc: int,
+        command: Sequence[str],
+        env_for: EnvFor,
+        standby: Sequence[str] | None = None,
+        wrap: Wrap | None = None,
+        cold: set[int] | None = None,
+    ) -> None:
+        self.nproc = nproc
+        self.command = list(command)
+        self.env_for = env_for
+        self.standby_command = list(standby) if standby else None
+        self.wrap = wrap  # a rank's command, e.g. under a profiler, per attempt
+        self.cold = cold or set()  # local ranks that never start from a standby
+        self.standbys: dict[int, tuple[subprocess.Popen[bytes], dict[str, str]]] = {}
+        self.warm = 0  # ranks the last start took from standbys
+        # pid → (local rank, process), for the ranks not reaped yet. The Popen objects are kept:
+        # one dropped unreaped would be reaped by subprocess's own cleanup, hiding its exit code.
+        self.procs: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
+
+    @property
+    def running(self) -> bool:
+        return bool(self.procs)
+
+    def start(self, attempt: int, port: int) -> None:
+        self.warm = 0
+        for local in range(self.nproc):
+            env = dict(self.env_for(local, attempt, port))
+            proc = self._release(local, env)
+            if proc is not None:
+                self.warm += 1
+            else:
+                command = self.wrap(local, attempt, self.command) if self.wrap else self.command
+                proc = subprocess.Popen(
+                    command,
+                    env=env,
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509 - only a pre-resolved prctl
+                )
+            self.procs[proc.pid] = (local, proc)
+        self._prepare(attempt, port)
+
+    def _release(self, local: int, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+        """Hand a standby the variables of this attempt; None if there is none alive."""
+        ready = self.standbys.pop(local, None)
+        if ready is None:
+            return None
+        proc, base = ready
+        changes = {k: v for k, v in env.items() if base.get(k) != v}
+        try:
+            if proc.poll() is not None or proc.stdin is None:
+                raise OSError("the standby is gone")
+            proc.stdin.write(json.dumps(changes).encode() + b"\n")
+            proc.stdin.close()
+        except OSError:
+            send(proc.pid, signal.SIGKILL)
+            return None
+        return proc
+
+    def _prepare(self, attempt: int, port: int) -> None:
+        """Start the standbys for the next attempt (they import while this one trains)."""
+        if self.standby_command is None:
+            return
+        for local in range(self.nproc):
+            if local in self.standbys or local in self.cold:
+                continue
+            env = dict(self.env_for(local, attempt, port))
+            proc = subprocess.Popen(
+                self.standby_command,
+                env=env,
+                stdin=subprocess.PIPE,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only a pre-resolved prctl
+            )
+            self.standbys[local] = (proc, env)
+
+    def drop_standbys(self) -> None:
+        for proc, _ in self.standbys.values():
+            send(proc.pid, signal.SIGKILL)
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        self.standbys.clear()
+
+    def reap(self) -> list[tuple[int, int]]:
+        ended = []
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            entry = self.procs.pop(pid, None)
+            if entry is None:
+                continue  # an orphan adopted as subreaper
+            local, proc = entry
+            code = exit_code(os.waitstatus_to_exitcode(status))
+            proc.returncode = code  # reaped here: Popen must not wait for it again
+            ended.append((local, code))
+        return ended
+
+    def signal(self, sig: int) -> None:
+        for pid in self.procs:
+            send(pid, sig)
+
+    def kill(self) -> None:
+        keep = {proc.pid for proc, _ in self.standbys.values()}
+        deadline = time.monotonic() + self.KILL_WAIT_SECONDS
+        while True:
+            for pid in descendants(os.getpid(), keep):
+                send(pid, signal.SIGKILL)
+            self.reap()
+            if not self.procs or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        self.procs.clear()
