@@ -174,7 +174,9 @@ def test_a_lease_write_storm_costs_at_most_ten_status_writes(
     time.sleep(1)
     stop.set()
     window = [t for t in writes if start <= t <= start + took + 1]
-    assert took <= 11, took
+    # 200 patches in 10 s as sent; a loaded machine (CI runs three workers on two cores) may
+    # take longer to finish them, which is still a storm: the bound on writes is the point.
+    assert took <= 30, took
     assert len(window) <= 10, f"{len(window)} writes of the job during 200 Lease patches"
     assert len(window) >= 1  # progress was copied, only less often
     assert status(cluster, ns, "storm")["progress"]["iteration"] >= 1

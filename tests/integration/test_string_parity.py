@@ -20,7 +20,7 @@ import kubernetes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megatron_operator.api import SpecError, load_job
+from megatron_operator.api import SpecError, load_job, managedby
 from megatron_operator.api.base import (
     DNS1123_SUBDOMAIN_PATTERN,
     ENV_NAME_PATTERN,
@@ -141,6 +141,7 @@ FIELDS: dict[str, tuple[Callable[[Doc, str], None], str]] = {
     "spec.checkpoint.url": (_msc(url=""), MSC_URL_PATTERN),
     "spec.checkpoint.msc.configSecret": (_msc(configSecret=""), DNS1123_SUBDOMAIN_PATTERN),
     "spec.checkpoint.msc.configKey": (_msc(configKey=""), r"^[-._a-zA-Z0-9]+$"),
+    "spec.managedBy": (_put("managedBy"), managedby.PATTERN),
 }
 
 FULL_WIDTH = str.maketrans("0123456789", "０１２３４５６７８９")
@@ -224,7 +225,7 @@ def test_the_table_covers_every_pattern_of_the_crd() -> None:
         ".spec.checkpoint.path", ".spec.checkpoint.init.megatron.path",
         ".spec.checkpoint.init.huggingFace.path", ".spec.env[].name", ".spec.priorityClassName",
         ".spec.data.blend[].prefix", ".spec.data.tokenizer.path", "", ".spec.checkpoint.url",
-        ".spec.checkpoint.msc.configSecret", ".spec.checkpoint.msc.configKey",
+        ".spec.checkpoint.msc.configSecret", ".spec.checkpoint.msc.configKey", ".spec.managedBy",
     }  # fmt: skip
     # Each uncovered path shares its pattern with a covered one (limits/requests, the
     # storage class/claim name, the size/shmSize, the two init paths, metadata.name at the root).
