@@ -43,6 +43,16 @@ def uids(c: RealCluster, ns: str, job: str) -> dict[str, str]:
     }
 
 
+def where_pods_wait(c: RealCluster, ns: str) -> str:
+    """The namespace's pods, their nodes and the events: why a pod is not Running."""
+    pods = c.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False)
+    seen = c.kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False)
+    nodes = c.kubectl("get", "nodes", "-o", "wide", check=False)
+    return "\n".join(
+        (pods.stdout, pods.stderr, seen.stdout[-6000:], seen.stderr, nodes.stdout, nodes.stderr)
+    )
+
+
 def wait_attempt_step(
     c: RealCluster, logs: Rank0Logs, attempt: int, after: int, timeout: float = 300
 ) -> dict[str, Any]:
@@ -66,7 +76,10 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
     c.apply(job_doc("ladder", s), ns)
     logs = Rank0Logs(c, ns, "ladder")
     try:
-        wait_phase(c, ns, "ladder", {"Running"}, 300)
+        try:
+            wait_phase(c, ns, "ladder", {"Running"}, 300)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{where_pods_wait(c, ns)}") from None
         c.wait(lambda: logs.iteration() >= 8, 300, 0.2, "iteration 8 in rank 0's log")
         first = uids(c, ns, "ladder")
         assert set(first) == {"0", "1"}
