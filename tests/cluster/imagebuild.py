@@ -308,12 +308,36 @@ def ensure_images(verbose: bool = True) -> dict[str, Image]:
             logfile = logs / img.archive.name.replace(".oci.tar", ".log")
             build_image(b, dockerfile, img.ref, img.archive, args, logfile)
             log(f"{img.name} image {img.ref} built in {time.monotonic() - t:.0f} s")
-        for stale in cache.glob("*.oci.tar"):
-            if stale not in {i.archive for i in out.values()} and verbose:
-                log(f"older image archive kept: {stale} (remove it to free space)")
+        prune(b, cache, keep={i.archive for i in out.values()}, verbose=verbose)
         if verbose:
             log(f"images ready in {time.monotonic() - t0:.1f} s")
     return out
+
+
+# Archives of one image name kept besides the one just built: other checkouts (branches,
+# worktrees) build other keys on the same machine, and a rebuild costs minutes; without a bound,
+# every change to the trainer leaves ~6 GB (its archive and its layers) until the disk is full.
+KEEP_OLDER = 2
+
+
+def prune(b: Buildah, cache: Path, keep: set[Path], verbose: bool) -> None:
+    """Remove all but the KEEP_OLDER newest older archives of each image name, and their images
+    in the build store. Runs under the cache's lock, so no build is using them."""
+    by_name: dict[str, list[Path]] = {}
+    for archive in cache.glob("*.oci.tar"):
+        if archive not in keep:
+            by_name.setdefault(archive.name.rsplit("-", 1)[0], []).append(archive)
+    for name, archives in by_name.items():
+        archives.sort(key=lambda a: a.stat().st_mtime, reverse=True)
+        for old in archives[KEEP_OLDER:]:
+            key = old.name.removesuffix(".oci.tar").rsplit("-", 1)[1]
+            ref = f"{REPO_PREFIX}/{name}:{key}"
+            if name == "base":
+                ref = f"{REPO_PREFIX}/base-python:{DEBIAN_SUITE}-{key}"
+            subprocess.run(b.argv("rmi", ref), capture_output=True, check=False)
+            old.unlink(missing_ok=True)
+            if verbose:
+                log(f"removed an older image archive and its image: {old.name}")
 
 
 def ensure_pause_image(pause_binary: Path) -> Image:

@@ -22,7 +22,7 @@ class Injection:
 
 def _signal(text: str) -> int:
     name = text.upper()
-    if name.isdigit():
+    if name.isascii() and name.isdigit() and len(name) <= 3:
         return signal.Signals(int(name)).value
     if not name.startswith("SIG"):
         name = "SIG" + name
@@ -85,6 +85,7 @@ def rank_pids(roots: list[int]) -> dict[int, int]:
                 continue
             if (
                 rank is not None
+                and rank.isascii()
                 and rank.isdigit()
                 and any("megatron_trainer.worker" in c for c in cmd)
                 and not _waiting_standby(child.pid, cmd)
