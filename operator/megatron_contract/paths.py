@@ -35,12 +35,15 @@ TERMINATION_MESSAGE_MAX: Final = 1024  # characters kept; the kubelet's own limi
 #   <dir>/latest_checkpointed_iteration.txt   (written only once a save is complete)
 #   <dir>/iter_0000100/...
 TRACKER_FILE: Final = "latest_checkpointed_iteration.txt"
-ITER_DIR_RE: Final = re.compile(r"^iter_(\d{7})$")
+ITER_DIR_RE: Final = re.compile(r"^iter_([0-9]{7})$")
 
 # Rank 0's progress report (docs/contract.md §4): the JSON record is kept in this annotation of
 # the job's progress Lease (env PROGRESS_LEASE), whose spec.renewTime is the heartbeat.
 PROGRESS_ANNOTATION: Final = "megatron.dev/progress"
 PROGRESS_MIN_INTERVAL_SECONDS: Final = 10
+# The operator ignores a longer record: the contract's record is about 200 characters, and the
+# trainer's pod is not trusted to keep it small.
+PROGRESS_RECORD_MAX: Final = 4096
 
 
 def iter_dir_name(iteration: int) -> str:

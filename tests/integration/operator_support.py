@@ -40,6 +40,7 @@ class Op:
         self.extra = list(extra)
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = free_port()
+        self.health_port = free_port()
         self.starts = 0
 
     @property
@@ -57,6 +58,7 @@ class Op:
                 "megatron_operator.cli.main",
                 "operator",
                 f"--metrics-port={self.metrics_port}",
+                f"--health-port={self.health_port}",
                 "--node-lost-grace-seconds=5",
                 *self.extra,
                 *extra,
@@ -81,13 +83,13 @@ class Op:
         raise AssertionError(f"the operator did not become ready:\n{self.log_tail()}")
 
     def probe(self, path: str) -> int | None:
-        """The HTTP status of one of the operator's endpoints (None: no answer)."""
+        """The HTTP status of one of the operator's probes (None: no answer)."""
         import urllib.error
         import urllib.request
 
         try:
             with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.metrics_port}{path}", timeout=2
+                f"http://127.0.0.1:{self.health_port}{path}", timeout=2
             ) as r:
                 return int(r.status)
         except urllib.error.HTTPError as exc:
@@ -116,12 +118,15 @@ class Op:
             if (self.log_dir / f"operator-{i}.log").exists()
         )
 
-    def metrics(self) -> str:
+    def metrics(self, token: str | None = None) -> str:
+        """/metrics (with a bearer token when the operator runs --metrics-auth kubernetes)."""
         import urllib.request
 
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
-        ) as r:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", headers=headers
+        )
+        with urllib.request.urlopen(request, timeout=10) as r:
             return str(r.read().decode())
 
 

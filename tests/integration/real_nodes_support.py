@@ -265,6 +265,9 @@ def install_operator(c: RealCluster) -> Iterator[RealCluster]:
         "resources.requests.cpu=100m",
         "--set",
         "nodeLostGraceSeconds=10",
+        # The scenarios make a namespace each; the chart's default watches its own only.
+        "--set",
+        "clusterWide=true",
         "--wait",
         "--timeout",
         "300s",

@@ -38,7 +38,8 @@ EVERYTHING = [
     "dashboard.enabled=true",
     "admissionPolicy.enabled=true",
     "admissionPolicy.allowedPriorityClasses={train-high}",
-    "admissionPolicy.imagePrefixes={registry.example/}",
+    "admissionPolicy.images.allowed={registry.example/*}",
+    "admissionPolicy.images.requirePullPolicyAlways=true",
     "admissionPolicy.maxNodes=4",
     "admissionPolicy.maxGracePeriodSeconds=600",
 ]
@@ -132,6 +133,30 @@ def allowed(cluster: Cluster, user: str, verb: str, group: str, resource: str, n
     return bool(json.loads(out)["status"].get("allowed"))
 
 
+def metrics_reader_token(cluster: Cluster, namespace: str, role: str) -> str:
+    """A token of a ServiceAccount bound to the chart's metrics-reader ClusterRole (what a
+    Prometheus would be given)."""
+    cluster.kubectl("create", "serviceaccount", "prom", "-n", namespace)
+    cluster.kubectl(
+        "create",
+        "clusterrolebinding",
+        f"prom-{namespace}",
+        f"--clusterrole={role}",
+        f"--serviceaccount={namespace}:prom",
+    )
+    return str(cluster.kubectl("create", "token", "prom", "-n", namespace).stdout.strip())
+
+
+def metrics_status(op: Op, token: str | None) -> int:
+    import urllib.error
+
+    try:
+        op.metrics(token)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    return 200
+
+
 def exported(text: str) -> set[str]:
     names = set()
     for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, flags=re.M):
@@ -184,8 +209,13 @@ def test_admission_policy_on_the_apiserver(cluster: Cluster, namespace: str) -> 
     )
     policy = f"{release}-megatron-operator-limits"
     try:
-        good = tiny_gpu_job("ok", nodes=2, image="registry.example/trainer:1")
+        good = tiny_gpu_job("ok", nodes=2, image="registry.example/ml/trainer:1@sha256:" + "a" * 64)
         good["spec"]["priorityClassName"] = "train-high"
+        good["spec"]["imagePullPolicy"] = "Always"
+        good["spec"]["resources"]["nodeSelector"] = {"nvidia.com/gpu.product": "H100"}
+        good["spec"]["resources"]["tolerations"] = [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
 
         def attempt(doc: dict[str, Any]) -> str:
             proc = cluster.kubectl(
@@ -211,7 +241,24 @@ def test_admission_policy_on_the_apiserver(cluster: Cluster, namespace: str) -> 
             return doc
 
         cases = {
-            "image": (bad(image="docker.io/evil:1"), "is not from an allowed registry"),
+            "image": (bad(image="docker.io/evil:1"), "is not allowed here"),
+            # A prefix string would have let these through: registry/repository is matched.
+            "image host prefix": (bad(image="registry.example.evil.io/x:1"), "is not allowed"),
+            "image path prefix": (bad(image="registry.example-evil/ml:1"), "is not allowed"),
+            "image without registry": (bad(image="trainer:1"), "docker.io/library/trainer"),
+            "pull policy": (bad(imagePullPolicy="IfNotPresent"), "must be Always"),
+            "node selector": (
+                bad(resources__nodeSelector={"node-role.kubernetes.io/control-plane": ""}),
+                "only these node label keys",
+            ),
+            "toleration effect": (
+                bad(
+                    resources__tolerations=[
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}
+                    ]
+                ),
+                "allowedTolerations",
+            ),
             "nodes": (bad(resources__nodes=8, training__globalBatchSize=128), "node cap of 4"),
             "priority": (bad(priorityClassName="batch-urgent"), "not allowed here"),
             "grace": (bad(checkpoint__gracePeriodSeconds=1200), "limit of 600"),
@@ -228,6 +275,10 @@ def test_admission_policy_on_the_apiserver(cluster: Cluster, namespace: str) -> 
                 "spec.resources.tolerations",
             ),
             "any-taint": (bad(resources__tolerations=[{"operator": "Exists"}]), "without a key"),
+            "image with a port registry": (
+                bad(image="registry.example:5000/ml/trainer:1"),
+                "registry.example:5000/ml/trainer",
+            ),
         }
         # The apiserver loads a new policy within a second or two: wait for the first refusal.
         deadline = time.monotonic() + 30
@@ -237,6 +288,7 @@ def test_admission_policy_on_the_apiserver(cluster: Cluster, namespace: str) -> 
         for name, (doc, message) in cases.items():
             err = attempt(doc)
             assert policy in err and message in err, f"{name}: {err!r}"
+        assert attempt(bad(image="registry.example/ml/other")) == ""  # any tag, any depth
         # The CEL type-checks against the CRD's schema without a warning.
         vap = cluster.kubectl_json("get", "validatingadmissionpolicy", policy)
         assert not (vap.get("status", {}).get("typeChecking") or {}).get("expressionWarnings")
@@ -290,6 +342,7 @@ def test_install_upgrade_uninstall_with_a_running_job(
         user = f"system:serviceaccount:{namespace}:{sa}"
         assert not allowed(cluster, user, "create", "kueue.x-k8s.io", "workloads", jobs_namespace)
         assert can("update", "leases", "-n", namespace) == "yes"  # leader election
+        assert can("delete", "leases", "-n", jobs_namespace) == "no"  # the GC's job
 
         # The operator, with exactly the chart's rights.
         op = Op(
@@ -297,6 +350,7 @@ def test_install_upgrade_uninstall_with_a_running_job(
             tmp_path,
             f"--namespace={jobs_namespace}",
             "--kueue=off",  # as the chart's Deployment passes it with kueue.enabled=false
+            "--metrics-auth=kubernetes",  # as the chart's secure metrics (here on loopback)
         )
         op.start()
         cluster.apply(tiny_gpu_job("keep-me", nodes=2), jobs_namespace)
@@ -307,12 +361,54 @@ def test_install_upgrade_uninstall_with_a_running_job(
             for p in pods(cluster, jobs_namespace, "keep-me")
         }
 
+        # /metrics: only for a token allowed to get it (TokenReview + SubjectAccessReview).
+        reader = metrics_reader_token(cluster, namespace, "mo-megatron-operator-metrics-reader")
+        stranger = cluster.kubectl("create", "token", "default", "-n", namespace).stdout.strip()
+        assert metrics_status(op, None) == 401
+        assert metrics_status(op, "not-a-token") == 401
+        assert metrics_status(op, stranger) == 403
+        assert metrics_status(op, reader) == 200
+
         # The running operator exports every metric the dashboard and the alerts query.
         queried = set()
         for expr in [*dashboard_exprs(), *(r["expr"] for r in alert_rules())]:
             queried |= metric_names(expr)
-        missing = queried - exported(op.metrics())
+        missing = queried - exported(op.metrics(reader))
         assert not missing, f"queried but not exported: {sorted(missing)}"
+
+        # The guardrails: the operator's identity writes only what is labelled as ours, and a
+        # trainer's only its progress record (ValidatingAdmissionPolicies, on by default).
+        as_operator = f"--as=system:serviceaccount:{namespace}:{sa}"
+        unlabelled = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}
+        labelled = {
+            **unlabelled,
+            "metadata": {
+                "name": "x",
+                "labels": {"app.kubernetes.io/managed-by": "megatron-operator"},
+            },
+        }
+        for doc, ok in ((unlabelled, False), (labelled, True)):
+            proc = cluster.kubectl(
+                "create", "--dry-run=server", "-n", jobs_namespace, as_operator, "-f", "-",
+                input=json.dumps(doc), check=False,
+            )  # fmt: skip
+            assert (proc.returncode == 0) == ok, proc.stderr
+            assert ok or "operator-writes" in proc.stderr
+        as_trainer = f"--as=system:serviceaccount:{jobs_namespace}:keep-me-trainer"
+        lease = ["patch", "lease", "keep-me-progress", "-n", jobs_namespace, as_trainer]
+        proc = cluster.kubectl(
+            *lease, "--type=merge", "-p", '{"metadata":{"finalizers":["example.com/block"]}}',
+            check=False,
+        )  # fmt: skip
+        assert proc.returncode != 0 and "may not change its progress Lease's finalizers" in (
+            proc.stderr
+        )
+        cluster.kubectl(
+            *lease,
+            "--type=merge",
+            "-p",
+            '{"metadata":{"annotations":{"megatron.dev/progress":"{}"}}}',
+        )
 
         # Upgrade with changed values, and roll the operator as the Deployment would.
         cluster.helm(
@@ -336,6 +432,46 @@ def test_install_upgrade_uninstall_with_a_running_job(
         assert "--workers=16" in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
         cluster.kubectl("get", "pdb", "-n", namespace, "mo-megatron-operator")
         assert allowed(cluster, user, "create", "kueue.x-k8s.io", "workloads", jobs_namespace)
+
+        # The guardrail's one exception: taking over a Workload MultiKueue made (no controller
+        # yet) when the update makes it ours; never one another object controls.
+        def workload(name: str, refs: list[dict[str, Any]]) -> dict[str, Any]:
+            return {
+                "apiVersion": "kueue.x-k8s.io/v1beta1",
+                "kind": "Workload",
+                "metadata": {"name": name, "ownerReferences": refs},
+                "spec": {
+                    "queueName": "q",
+                    "podSets": [{"name": "main", "count": 1, "template": {"spec": {
+                        "restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}],
+                    }}}],
+                },
+            }  # fmt: skip
+
+        cluster.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "other"}},
+                      jobs_namespace)  # fmt: skip
+        uid = cluster.kubectl_json("get", "configmap", "other", "-n", jobs_namespace)
+        other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "other",
+                 "uid": uid["metadata"]["uid"]}  # fmt: skip
+        cluster.apply(workload("mk-copy", []), jobs_namespace)
+        cluster.apply(workload("theirs", [{**other, "controller": True}]), jobs_namespace)
+        take = {
+            "metadata": {
+                "labels": {"app.kubernetes.io/managed-by": "megatron-operator"},
+                "ownerReferences": [{**other, "name": "job", "uid": "2", "controller": True}],
+            }
+        }
+        for name, patch, ok in (
+            ("mk-copy", {"metadata": {"labels": {"x": "y"}}}, False),  # not made ours
+            ("mk-copy", take, True),
+            ("theirs", take, False),
+        ):
+            proc = cluster.kubectl(
+                "patch", "workloads.kueue.x-k8s.io", name, "-n", jobs_namespace, as_operator,
+                "--type=merge", "-p", json.dumps(patch), "--dry-run=server", check=False,
+            )  # fmt: skip
+            assert (proc.returncode == 0) == ok, (name, proc.stderr)
+            assert ok or "operator-writes" in proc.stderr
         op.stop()
         op.start()
         time.sleep(10)  # longer than --node-lost-grace-seconds=5: a misjudged node would show
@@ -354,6 +490,7 @@ def test_install_upgrade_uninstall_with_a_running_job(
         if op is not None:
             op.stop()
         cluster.helm("uninstall", "mo", "-n", namespace)
+        cluster.kubectl("delete", "clusterrolebinding", f"prom-{namespace}", check=False)
 
     # Nothing of ours is left but the CRD and the job (with its pods).
     assert ours(cluster, "mo", [namespace, jobs_namespace]) == []

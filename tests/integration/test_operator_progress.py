@@ -196,9 +196,14 @@ def test_progress_follows_the_lease_and_a_stale_renew_time_is_a_hang(
     for i in range(6):
         _write_record(cluster, ns, "hang-progress", 10 + i, 0, datetime.now(UTC))
         time.sleep(2)
+    # Copied at most every 10 s per job (cluster/ratelimit.py): the newest lands within that.
+    cluster.wait(
+        lambda: status(cluster, ns, "hang")["progress"]["iteration"] == 15,
+        12,
+        what="the newest record in status.progress",
+    )
     st = status(cluster, ns, "hang")
     assert st["phase"] == "Running" and st["restarts"] == 0
-    assert st["progress"]["iteration"] == 15
     assert st["progressSummary"].startswith("15/100")
     assert "15/100" in cluster.kubectl("get", "mj", "-n", ns, "hang").stdout
     # Then the renewTime stops moving: the job restarts with reason Hang.
@@ -219,6 +224,6 @@ def test_progress_follows_the_lease_and_a_stale_renew_time_is_a_hang(
     _write_record(cluster, ns, "hang-progress", 3, 1, datetime.now(UTC))
     cluster.wait(
         lambda: status(cluster, ns, "hang")["progress"]["iteration"] == 3,
-        10,
+        15,
         what="attempt 1's record in status.progress",
     )

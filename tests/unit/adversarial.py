@@ -254,6 +254,42 @@ CASES: list[Case] = [
         {"resources.nodeSelector": {"bad key": "x"}},
         "spec.resources.nodeSelector",
     ),
+    # Python's `$` matches before a trailing newline and `\d` matches full-width digits; the
+    # apiserver's RE2 does neither: `mjob validate` must refuse what the apiserver refuses.
+    _case(
+        "nodeSelector key ending in a newline",
+        {"resources.nodeSelector": {"pool\n": "x"}},
+        "spec.resources.nodeSelector",
+    ),
+    _case(
+        "topology key ending in a newline",
+        {"topology": {"key": "example.com/rack\n", "mode": "required"}},
+        "spec.topology.key",
+    ),
+    _case("split in full-width digits", {"data.split": "１,0,0"}, "spec.data.split"),
+    _case("split ending in a newline", {"data.split": "1,0,0\n"}, "spec.data.split"),
+    _case("shmSize ending in a newline", {"resources.shmSize": "1Gi\n"}, "spec.resources.shmSize"),
+    # The apiserver refuses a pod whose request is above its limit: refuse the job first.
+    _case(
+        "cpu request above its limit",
+        {"resources.requests": {"cpu": "1"}, "resources.limits": {"cpu": "500m"}},
+        "spec.resources",
+    ),
+    _case(
+        "extended resource request without a limit",
+        {"resources.requests": {"example.com/fpga": 1}},
+        "spec.resources",
+    ),
+    _case(
+        "memory request above its limit",
+        {"resources.requests": {"memory": "2Gi"}, "resources.limits": {"memory": 2000000000}},
+        "spec.resources",
+    ),
+    _case(
+        "toleration key ending in a newline",
+        {"resources.tolerations": [{"key": "gpu\n", "operator": "Exists"}]},
+        "spec.resources.tolerations[0].key",
+    ),
     _case(
         "nodeSelector key bad prefix",
         {"resources.nodeSelector": {"-bad.example.com/x": "x"}},

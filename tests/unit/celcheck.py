@@ -10,19 +10,35 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import celpy
 
+from megatron_operator.api.base import quantity_value
 from megatron_operator.api.crd import crd
 
 _ENV = celpy.Environment()
 _PROGRAMS: dict[str, Any] = {}
 
 
+def _quantity(text: Any) -> Any:
+    """Kubernetes CEL's quantity(): here the exact value, kept as a string."""
+    return celpy.celtypes.StringType(str(quantity_value(str(text))))
+
+
+def _compare_to(a: Any, b: Any) -> Any:
+    x, y = Decimal(str(a)), Decimal(str(b))
+    return celpy.celtypes.IntType((x > y) - (x < y))
+
+
+# The Kubernetes CEL libraries our rules use that cel-python lacks.
+_FUNCTIONS = {"quantity": _quantity, "compareTo": _compare_to}
+
+
 def _program(expr: str) -> Any:
     if expr not in _PROGRAMS:
-        _PROGRAMS[expr] = _ENV.program(_ENV.compile(expr))
+        _PROGRAMS[expr] = _ENV.program(_ENV.compile(expr), functions=_FUNCTIONS)
     return _PROGRAMS[expr]
 
 

@@ -26,11 +26,13 @@ EVERYTHING = [
     "kueue.enabled=true",
     "metrics.serviceMonitor.enabled=true",
     "metrics.podMonitor.enabled=true",
+    "metrics.podMonitor.tokenSecret=prometheus-token",
     "alerts.enabled=true",
     "dashboard.enabled=true",
     "admissionPolicy.enabled=true",
     "admissionPolicy.allowedPriorityClasses={train-high,train-low}",
-    "admissionPolicy.imagePrefixes={ghcr.io/megatron-operator/,nvcr.io/}",
+    "admissionPolicy.images.allowed={ghcr.io/megatron-operator/*,nvcr.io/nvidia/pytorch}",
+    "admissionPolicy.images.requirePullPolicyAlways=true",
     "admissionPolicy.maxNodes=64",
 ]
 
@@ -60,8 +62,10 @@ def run_helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]
     return proc
 
 
-def render(*sets: str, namespace: str = "megatron-system") -> list[dict[str, Any]]:
-    args = ["template", "mo", str(CHART), "-n", namespace]
+def render(
+    *sets: str, namespace: str = "megatron-system", values: str | None = None
+) -> list[dict[str, Any]]:
+    args = ["template", "mo", str(CHART), "-n", namespace, *(["-f", values] if values else [])]
     for item in sets:
         args += ["--set", item]
     out = run_helm(*args).stdout

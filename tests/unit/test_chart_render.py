@@ -3,6 +3,7 @@ with the defaults, in namespaced mode, and with every optional object on."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import kubernetes_validate
@@ -10,6 +11,16 @@ import pytest
 import yaml
 
 from .chartkit import CHART, EVERYTHING, ROOT, of_kind, one, render, rules_for, run_helm
+
+
+def operator_role(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The operator's own ClusterRole (not the metrics reader for Prometheus)."""
+    found = [
+        o for o in of_kind(objs, "ClusterRole") if o["metadata"]["name"] == "mo-megatron-operator"
+    ]
+    assert len(found) == 1
+    return found[0]
+
 
 # Prometheus Operator kinds: kubernetes-validate has no schema for them (their CRDs are not part
 # of Kubernetes); tests/unit/test_chart_monitoring.py checks their content instead.
@@ -19,8 +30,10 @@ RENDERS = {
     "defaults": [],
     "namespaced": ["watchNamespaces={team-a,team-b}"],
     "everything": [*EVERYTHING, "watchNamespaces={team-a}"],
-    "everything-clusterwide": EVERYTHING,
+    "everything-clusterwide": [*EVERYTHING, "clusterWide=true"],
+    "insecure-metrics": ["metrics.secure=false"],
 }
+MULTI_TENANT = str(CHART / "values-multi-tenant.yaml")
 
 
 def test_lint_strict() -> None:
@@ -52,10 +65,12 @@ def test_everything_renders_every_optional_object() -> None:
         "CustomResourceDefinition",
     ):
         assert kind in kinds, kind
-    defaults = {o["kind"] for o in render()}
-    assert defaults.isdisjoint(
-        MONITORING | {"PodDisruptionBudget", "ValidatingAdmissionPolicy", "ConfigMap"}
+    defaults = render()
+    assert {o["kind"] for o in defaults}.isdisjoint(
+        MONITORING | {"PodDisruptionBudget", "ConfigMap"}
     )
+    policies = [p["metadata"]["name"] for p in of_kind(defaults, "ValidatingAdmissionPolicy")]
+    assert not [n for n in policies if n.endswith("-limits")]  # the tenant policy is opt-in
 
 
 @pytest.mark.parametrize(
@@ -68,6 +83,13 @@ def test_everything_renders_every_optional_object() -> None:
         (["alerts.enable=true"], "additional properties 'enable' not allowed"),
         (["watchNamespaces={Team_A}"], "/watchNamespaces/0"),
         (["alerts.pendingFor=soon"], "/alerts/pendingFor"),
+        (["admissionPolicy.images.allowed={ghcr.io/team*}"], "/admissionPolicy/images/allowed/0"),
+        (["clusterWide=true", "watchNamespaces={a}"], "leave watchNamespaces empty"),
+        (["admissionPolicy.forbiddenTolerationKeys={x}"], "additional properties"),
+        (
+            ["metrics.secure=false", "metrics.serviceMonitor.enabled=true"],
+            "loopback only: nothing can scrape it",
+        ),
     ],
 )
 def test_schema_rejects_bad_values(sets: list[str], message: str) -> None:
@@ -116,6 +138,18 @@ def test_deployment_flags_probes_and_priority() -> None:
     assert "--network-policy" not in off and "--leader-elect" not in off and "--kueue=on" in off
     ns = _args(render("watchNamespaces={team-a,team-b}"))
     assert "--namespace=team-a" in ns and "--namespace=team-b" in ns
+    # The narrowest install that works: the release namespace only.
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=megatron-system"]
+    assert not [a for a in _args(render("clusterWide=true")) if a.startswith("--namespace")]
+    # Probes on the health port; /metrics over HTTPS for authorized tokens, or loopback only.
+    assert container["readinessProbe"]["httpGet"]["port"] == "health"
+    assert {"--metrics-auth=kubernetes", "--metrics-bind-address=0.0.0.0"} <= set(args)
+    assert "--claim-key-file=/etc/megatron-operator/claim-key/key" in args
+    loop = render("metrics.secure=false")
+    assert "--metrics-bind-address=127.0.0.1" in _args(loop)
+    assert of_kind(loop, "Service") == [] and not [
+        o for o in of_kind(loop, "Secret") if o["metadata"]["name"].endswith("-metrics-tls")
+    ]
 
 
 def test_ha_render() -> None:
@@ -134,11 +168,17 @@ def test_ha_render() -> None:
 
 def test_namespaced_mode_grants_roles_in_watched_namespaces_only() -> None:
     objs = render("watchNamespaces={team-a,team-b}")
-    cluster_rules = one(objs, "ClusterRole")["rules"]
+    cluster_rules = operator_role(objs)["rules"]
     cluster_resources = {res for r in cluster_rules for res in r["resources"]}
-    # Only cluster-scoped reads: no pod, RBAC or job right cluster-wide.
-    assert cluster_resources == {"nodes", "namespaces", "customresourcedefinitions"}
-    assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in cluster_rules)
+    # Only cluster-scoped reads (and the metrics port's token reviews): no pod, RBAC or job
+    # right cluster-wide.
+    reviews = {"tokenreviews", "subjectaccessreviews"}
+    assert cluster_resources == {"nodes", "namespaces", "customresourcedefinitions", *reviews}
+    assert all(
+        set(r["verbs"]) <= {"get", "list", "watch"}
+        or (set(r["resources"]) <= reviews and r["verbs"] == ["create"])
+        for r in cluster_rules
+    )
     roles = {
         r["metadata"]["namespace"]: r
         for r in of_kind(objs, "Role")
@@ -157,8 +197,8 @@ def test_namespaced_mode_grants_roles_in_watched_namespaces_only() -> None:
     assert rules_for(rules, "secrets") == set()
 
     # Cluster-wide mode: the same namespaced rules, in the ClusterRole, and no Role.
-    wide = render()
-    assert rules_for(one(wide, "ClusterRole")["rules"], "pods") == rules_for(rules, "pods")
+    wide = render("clusterWide=true")
+    assert rules_for(operator_role(wide)["rules"], "pods") == rules_for(rules, "pods")
     assert [
         r for r in of_kind(wide, "Role") if not r["metadata"]["name"].endswith("-election")
     ] == []
@@ -166,7 +206,7 @@ def test_namespaced_mode_grants_roles_in_watched_namespaces_only() -> None:
 
 def test_kueue_and_network_policy_rights_follow_their_values() -> None:
     plain = render("networkPolicy=false", "watchNamespaces={team-a}")
-    plain_rules = [*one(plain, "ClusterRole")["rules"], *of_kind(plain, "Role")[0]["rules"]]
+    plain_rules = [*operator_role(plain)["rules"], *of_kind(plain, "Role")[0]["rules"]]
     groups = {g for r in plain_rules for g in r["apiGroups"]}
     assert "kueue.x-k8s.io" not in groups and "networking.k8s.io" not in groups
     assert "scheduling.k8s.io" not in groups
@@ -185,7 +225,7 @@ def test_kueue_and_network_policy_rights_follow_their_values() -> None:
     assert rules_for(role["rules"], "workloads/status") == {"patch"}
     assert rules_for(role["rules"], "localqueues") == set()
     assert rules_for(role["rules"], "networkpolicies") == {"get", "list", "create", "delete"}
-    cluster = one(objs, "ClusterRole")["rules"]
+    cluster = operator_role(objs)["rules"]
     assert rules_for(cluster, "clusterqueues") == set()
     assert rules_for(cluster, "resourceflavors") == {"get"}
     assert rules_for(cluster, "workloadpriorityclasses") == {"get"}
@@ -212,3 +252,58 @@ def test_scrape_annotations_follow_the_port() -> None:
         assert found["prometheus.io/port"] == "9100"
     off = render("metrics.scrapeAnnotations=false")
     assert "annotations" not in one(off, "Deployment")["spec"]["template"]["metadata"]
+
+
+def test_the_default_install_is_the_narrowest_that_works() -> None:
+    objs = render()
+    wide = operator_role(objs)["rules"]
+    assert rules_for(wide, "pods") == set()  # nothing namespaced cluster-wide
+    roles = [r for r in of_kind(objs, "Role") if not r["metadata"]["name"].endswith("-election")]
+    assert [r["metadata"]["namespace"] for r in roles] == ["megatron-system"]
+    rules = roles[0]["rules"]
+    # The garbage collector deletes a job's progress Lease; the operator may not.
+    assert rules_for(rules, "leases") == {"get", "list", "watch", "create", "update", "patch"}
+    # The metrics reader role for Prometheus, and the guardrail policies, are on by default.
+    reader = next(
+        r for r in of_kind(objs, "ClusterRole") if r["metadata"]["name"].endswith("-metrics-reader")
+    )
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    names = {p["metadata"]["name"] for p in of_kind(objs, "ValidatingAdmissionPolicy")}
+    assert names == {"mo-megatron-operator-operator-writes", "mo-megatron-operator-trainer-leases"}
+
+
+def test_the_cluster_wide_values_comment_says_what_it_grants() -> None:
+    """The comment above clusterWide in values.yaml names exactly the namespaced rights the
+    cluster-wide ClusterRole grants (with networkPolicy and kueue.enabled on)."""
+    text = (CHART / "values.yaml").read_text()
+    comment = text[text.index("# Watch every namespace") : text.index("clusterWide: false")]
+    flat = " ".join(line.lstrip("#").strip() for line in comment.splitlines())
+    said: dict[str, set[str]] = {}
+    for names, verbs in re.findall(r"((?:[a-z/]+(?:, | and )?)+) \(([a-z, ]+)\)", flat):
+        for name in re.split(r", | and ", names):
+            said[name] = set(verbs.split(", "))
+    cluster_reads = {"nodes", "namespaces", "customresourcedefinitions", "tokenreviews",
+                     "subjectaccessreviews", "resourceflavors", "workloadpriorityclasses",
+                     "priorityclasses"}  # fmt: skip
+    granted: dict[str, set[str]] = {}
+    for rule in operator_role(render("clusterWide=true", "kueue.enabled=true"))["rules"]:
+        for resource in rule["resources"]:
+            if resource not in cluster_reads:
+                granted.setdefault(resource, set()).update(rule["verbs"])
+    assert said == granted
+
+
+def test_the_multi_tenant_profile_turns_the_admission_policy_on() -> None:
+    proc = run_helm("template", "mo", str(CHART), "-f", MULTI_TENANT, check=False)
+    assert proc.returncode != 0 and "admissionPolicy.images.allowed is empty" in proc.stderr
+    objs = render("admissionPolicy.images.allowed={registry.example.com/ml/*}", values=MULTI_TENANT)
+    policy = next(
+        p
+        for p in of_kind(objs, "ValidatingAdmissionPolicy")
+        if p["metadata"]["name"].endswith("-limits")
+    )
+    text = " ".join(" ".join(v["expression"].split()) for v in policy["spec"]["validations"])
+    assert "nodeSelector.all(k, k in ['nvidia.com/gpu.product'," in text
+    assert "imagePullPolicy == 'Always'" in text
+    assert "['registry.example.com/ml/*'].exists(a" in text
+    assert "[{'effect':'NoSchedule','key':'nvidia.com/gpu','operator':'Exists'}].exists(a" in text

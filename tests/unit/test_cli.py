@@ -67,6 +67,36 @@ def test_bad_set_syntax(capsys: pytest.CaptureFixture[str]) -> None:
     assert "path=value" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        # 60,000 levels: the YAML reader's depth cap does not see a --set path.
+        ("metadata." + "x." * 60_000 + "x=1", "the path is nested deeper than 64 levels"),
+        # A short path with a deep value: together deeper than the cap.
+        ("metadata." + "x." * 40 + "x=" + "[" * 30 + "]" * 30, "nested deeper than 64 levels"),
+    ],
+)
+def test_set_cannot_nest_past_the_depth_cap(
+    override: str, fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["validate", TINY, "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err
+
+
+def test_run_local_refuses_env_that_loads_code_on_this_host(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`mjob run --local` passes spec.env to processes on this machine: LD_PRELOAD or
+    PYTHONPATH from someone else's YAML would run their code here. Refused before anything
+    starts, naming the entry; --trust-env lets a user run their own file."""
+    env = "env=[{name: NCCL_DEBUG, value: INFO}, {name: LD_PRELOAD, value: /tmp/x.so}, {name: PYTHONPATH, value: /tmp}]"
+    assert main(["run", TINY, "--local", "--set", env]) == 2
+    err = capsys.readouterr().err
+    assert "spec.env[1].name: LD_PRELOAD" in err and "spec.env[2].name: PYTHONPATH" in err
+    assert "NCCL_DEBUG" not in err and "--trust-env" in err
+
+
 def test_unknown_argument_exits_2() -> None:
     proc = _mjob("plan", TINY, "--frobnicate")
     assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr
@@ -76,7 +106,13 @@ def test_unknown_argument_exits_2() -> None:
     ("args", "fragment"),
     [
         (["--leader-elect"], "--leader-elect needs --leader-election-namespace or $POD_NAMESPACE"),
-        (["--metrics-port=70000"], "--metrics-port must be 0-65535"),
+        (["--metrics-port=70000"], "--metrics-port and --health-port must be 0-65535"),
+        (["--health-port=8080"], "--metrics-port and --health-port must differ"),
+        (
+            ["--metrics-bind-address=0.0.0.0", "--metrics-auth=none"],
+            "--metrics-auth none on 0.0.0.0",
+        ),
+        (["--claim-key-file=/nonexistent"], "--claim-key-file: cannot read /nonexistent"),
         (["--workers=0"], "--workers ≥ 1"),
         (["--kueue=maybe"], "invalid choice: 'maybe'"),
     ],
@@ -130,6 +166,23 @@ def test_render_restart_attempt_and_json(capsys: pytest.CaptureFixture[str]) -> 
     pods = [o for o in doc["items"] if o["kind"] == "Pod"]
     assert pods[0]["metadata"]["labels"]["megatron.dev/restart-attempt"] == "4"
     assert main(["render", TINY, "--restart-attempt", "-1"]) == 2
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+@pytest.mark.parametrize("example", ["cpu-tiny.yaml", "mixtral-8x7b.yaml"])
+def test_render_streams_the_same_text_as_one_list(fmt: str, example: str) -> None:
+    """`mjob render` writes one object at a time; the text is what dumping the whole List gives."""
+    from megatron_operator.cli.common import dump, load_and_plan
+    from megatron_operator.cli.yamlio import write_list
+    from megatron_operator.core.render import as_list, render, render_iter
+
+    job, p = load_and_plan(str(ROOT / "examples" / example), [])
+    chunks: list[str] = []
+    write_list(render_iter(job, p, 2), fmt, chunks.append)
+    assert "".join(chunks) == dump(as_list(render(job, p, 2)), fmt)
+    empty: list[str] = []
+    write_list([], fmt, empty.append)
+    assert "".join(empty) == dump(as_list([]), fmt)
 
 
 def test_set_applies_to_every_command(capsys: pytest.CaptureFixture[str]) -> None:

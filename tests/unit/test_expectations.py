@@ -28,7 +28,9 @@ class FakeKube:
     def replace_status(self, job: Any, status: Any) -> None:
         pass
 
-    def delete_pods(self, ns: str, names: list[str], uids: Any = None, force: bool = False) -> None:
+    def delete_pods(
+        self, ns: str, names: list[str], uids: Any = None, force: bool = False, job: str = ""
+    ) -> None:
         self.calls.append(("force" if force else "delete", tuple(names)))
 
     def ensure_children(self, objs: list[Any], uid: Any) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from megatron_operator.core.ownership import conflict
+from megatron_operator.core.ownership import SEAL_ANNOTATION, claim_seal, conflict, sealed
 
 JOB_UID = "uid-1"
 
@@ -47,7 +47,7 @@ OURS = {"megatron.dev/job-name": "job", "app.kubernetes.io/managed-by": "megatro
         ("NetworkPolicy", _existing(), False),
         ("Pod", _existing("other"), False),
         ("Pod", _existing(JOB_UID), True),
-        # a retained checkpoint claim of a job of this name: resume from it
+        # our labels, no seal: trusted only by an operator without a key (tested below)
         ("PersistentVolumeClaim", _existing(labels=OURS), True),
         ("PersistentVolumeClaim", _existing(JOB_UID), True),
         ("PersistentVolumeClaim", _existing(), False),  # someone's claim
@@ -60,10 +60,39 @@ OURS = {"megatron.dev/job-name": "job", "app.kubernetes.io/managed-by": "megatro
     ],
 )
 def test_conflict(kind: str, existing: dict[str, Any], ok: bool) -> None:
-    problem = conflict(_child(kind), existing, JOB_UID)
+    problem = conflict(_child(kind), existing, JOB_UID)  # an operator without a claim key
     if ok:
         assert problem is None
     else:
         assert problem is not None
         assert problem.startswith(f"{kind} job-x already exists")
         assert "Delete or rename" in problem
+
+
+KEY = b"k" * 32
+
+
+def _claim(annotations: dict[str, str]) -> dict[str, Any]:
+    existing = _existing(labels=OURS)
+    existing["metadata"]["annotations"] = annotations
+    return existing
+
+
+def test_a_retained_claim_is_reused_only_with_its_seal() -> None:
+    wanted = _child("PersistentVolumeClaim")
+    made = sealed(wanted, KEY)  # what the operator created for the earlier job of this name
+    seal = made["metadata"]["annotations"][SEAL_ANNOTATION]
+    assert seal == claim_seal(KEY, "ns", "job", "job-x")
+    assert conflict(wanted, _claim({SEAL_ANNOTATION: seal}), JOB_UID, KEY) is None
+    # A planted claim: no seal, a forged one, one for another job or namespace, another key.
+    for bad in (
+        {},
+        {SEAL_ANNOTATION: "0" * 64},
+        {SEAL_ANNOTATION: claim_seal(KEY, "ns", "other", "job-x")},
+        {SEAL_ANNOTATION: claim_seal(KEY, "other-ns", "job", "job-x")},
+        {SEAL_ANNOTATION: claim_seal(b"x" * 32, "ns", "job", "job-x")},
+    ):
+        problem = conflict(wanted, _claim(bad), JOB_UID, KEY)
+        assert problem is not None and "did not seal it" in problem, bad
+    # With a key, labels alone are not enough (anyone who may create claims can set them).
+    assert conflict(wanted, _existing(labels=OURS), JOB_UID, KEY) is not None

@@ -14,7 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megatron_operator.core.observe import format_time
+from megatron_operator.api.spec import RestartPolicySpec
+from megatron_operator.core import churn
+from megatron_operator.core.observe import format_time, parse_time
 from megatron_operator.core.policy import MAX_UNCOUNTED_PER_HOUR
 from megatron_operator.core.reconcile import Settings, World, reconcile
 
@@ -233,10 +235,72 @@ def test_suspend_and_resume() -> None:
     sim.finish_deletions()
     sim.step()
     sim.job["spec"]["suspend"] = False
+    out = sim.step()
+    assert sim.pods == {} and 0 < out.requeue_after <= 1.1  # the restart-loop floor
+    sim.tick(1)
     sim.step()
     assert sim.attempts() == {"1"} and len(sim.pods) == 4
     assert sim.status["restarts"] == 0
     assert sim.status["phase"] == "Pending"
+
+
+def test_suspend_toggles_count_toward_the_floor_and_the_backoff() -> None:
+    """Toggling spec.suspend used to start a fresh gang at once each time (6 gangs in 5 s with
+    maxRestarts 0): each resume now waits the floor, then the job's backoff."""
+    sim = _sim({"restartPolicy": {"maxRestarts": 0, "backoffSeconds": 10}})
+    _running(sim)
+    gangs = {"0"}
+    for _ in range(6):  # 6 toggles in about 5 s
+        sim.job["spec"]["suspend"] = True
+        sim.step()
+        sim.finish_deletions()
+        sim.step()
+        sim.job["spec"]["suspend"] = False
+        sim.step()
+        sim.tick(0.8)
+        sim.step()
+        gangs |= sim.attempts()
+    assert len(gangs) <= 3, gangs  # the first gang, and at most two resumes got pods
+    st = sim.status
+    assert len(st["resumeTimes"]) == 6 and len(st["attemptTimes"]) == 6
+    assert st["restarts"] == 0 and st["phase"] == "Pending"
+    waits = []
+    for n in range(1, 7):  # how long the n-th resume of an hour waits
+        assert churn.resume_seconds(RestartPolicySpec(), n, n - 1) >= 1.0
+        waits.append(churn.resume_seconds(RestartPolicySpec(), n, n - 1))
+    assert waits == [1.0, 10.0, 20.0, 40.0, 80.0, 160.0]
+
+
+def test_the_operator_floor_spaces_fast_restart_loops() -> None:
+    """backoffSeconds 0 and maxRestarts 10000 used to allow a gang a second for hours: past 5
+    attempts an hour, the operator's floor doubles each time."""
+    sim = _sim(
+        {
+            "restartPolicy": {
+                "maxRestarts": 10000,
+                "backoffSeconds": 0,
+                "maxBackoffSeconds": 0,
+                "keepFailedPods": 0,
+            }
+        }
+    )
+    _running(sim)
+    waits = []
+    for _ in range(9):
+        sim.fail(next(n for n in sim.pods if n.endswith("-0")), exit_code=1)
+        sim.step()
+        sim.finish_deletions()
+        sim.step()
+        start = parse_time(sim.status["restartAt"])
+        assert start is not None
+        waits.append((start - sim.now).total_seconds())
+        sim.now = start
+        sim.step()
+        sim.run_all()
+        sim.step()
+        assert sim.status["phase"] == "Running"
+    assert waits == [1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 4.0, 8.0, 16.0]
+    assert churn.floor_seconds(100) == churn.FLOOR_CAP_SECONDS
 
 
 def test_invalid_spec_fails_and_a_fix_revives() -> None:
@@ -392,6 +456,7 @@ def test_next_attempt_waits_for_live_pods_of_the_older_one() -> None:
     out = sim.step()  # resumed, but attempt 0's pods still run (terminating): same hostnames
     assert out.create_pods == []
     sim.finish_deletions()
+    sim.tick(1)  # the restart-loop floor
     sim.step()
     assert sim.attempts() == {"1"} and len(sim.pods) == 4
 
@@ -474,9 +539,11 @@ def test_uncounted_restarts_are_recorded_and_count_past_the_cap() -> None:
         sim.disrupt(rank0)
         sim.step()
         sim.finish_deletions()
-        for _ in range(3):
-            sim.tick(1)
-            sim.step()
+        sim.step()
+        start = parse_time(sim.status["restartAt"])  # the backoff, or the operator's floor
+        assert start is not None
+        sim.now = start
+        sim.step()
         sim.run_all()
         sim.step()
         assert sim.status["phase"] == "Running", i

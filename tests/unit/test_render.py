@@ -10,7 +10,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from megatron_operator.api import load_file
+from megatron_operator.api import load_file, load_job
 from megatron_operator.api.job import MegatronJob
 from megatron_operator.cli.yamlio import dump_yaml
 from megatron_operator.core.names import (
@@ -21,7 +21,8 @@ from megatron_operator.core.names import (
 from megatron_operator.core.planner import plan
 from megatron_operator.core.render import as_list, render
 
-from .specs import job_of
+from .sim import T0
+from .specs import job_doc, job_of, spec_of
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
@@ -199,10 +200,11 @@ def test_config_map_holds_the_resolved_config() -> None:
 @pytest.mark.parametrize(
     ("requests", "limits", "ipc_lock"),
     [
-        ({"rdma/ib": 1}, {}, True),
+        # An extended resource's request needs an equal limit (the apiserver's rule).
+        ({"rdma/ib": 1}, {"rdma/ib": 1}, True),
         ({}, {"rdma/ib": "1"}, True),
-        ({"rdma/ib": 0}, {}, False),
-        ({"rdma/ib": "0"}, {"rdma/x": "0m"}, False),
+        ({"rdma/ib": 0}, {"rdma/ib": 0}, False),
+        ({}, {"rdma/x": "0m"}, False),
         ({"cpu": "8"}, {}, False),
     ],
 )
@@ -256,3 +258,31 @@ def test_master_addr_is_the_stable_hostname_of_rank_0() -> None:
         env = {e["name"]: e.get("value") for e in pods[1]["spec"]["containers"][0]["env"]}
         assert env["MASTER_ADDR"] == "dns-0.dns.team.svc"
         assert pods[0]["spec"]["hostname"] == "dns-0" and pods[0]["spec"]["subdomain"] == "dns"
+
+
+def test_the_config_map_records_env_values_as_digests() -> None:
+    """spec.json in the ConfigMap is readable with the namespace's `view` role: a token in
+    spec.env must not be in it (the pod's env still carries it; valueFrom keeps it out of both)."""
+    from megatron_operator.core.reconcile import World, reconcile
+    from megatron_operator.core.render import recorded_spec
+
+    doc = job_doc(spec_of({"env": [{"name": "HF_TOKEN", "value": "hf_secret_value"}]}), name="j")
+    job = load_job(doc)
+    cm = next(o for o in render(job, plan(job.spec), 0) if o["kind"] == "ConfigMap")
+    text = json.dumps(cm["data"])
+    assert "hf_secret_value" not in text and "HF_TOKEN" in text
+    # The record still tells a changed value from the same one (transitions while running).
+    recorded = json.loads(cm["data"]["spec.json"])
+    same = World(
+        job={**doc, "status": {"phase": "Running"}}, pods=[], now=T0, accepted_spec=recorded
+    )
+    assert reconcile(same).status["phase"] != "Failed"
+    changed = json.loads(json.dumps(doc))
+    changed["spec"]["env"][0]["value"] = "other"
+    out = reconcile(
+        World(
+            job={**changed, "status": {"phase": "Running"}}, pods=[], now=T0, accepted_spec=recorded
+        )
+    )
+    assert out.status["phase"] == "Failed" and "env" in json.dumps(out.status["conditions"])
+    assert recorded_spec(job.spec).env[0].value.startswith("sha256:")

@@ -531,7 +531,11 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
     (
         "requests are Kubernetes resource names",
         "spec.resources.requests",
-        {"resources.requests": {"cpu": "8", "hugepages-2Mi": "1Gi", "rdma/ib": 1}},
+        {
+            "resources.requests": {"cpu": "8", "hugepages-2Mi": "1Gi", "rdma/ib": 1},
+            # Not overcommitted: the apiserver wants their limits, equal to the requests.
+            "resources.limits": {"hugepages-2Mi": "1Gi", "rdma/ib": 1},
+        },
         {"resources.requests": {"cpu": "8", "mock": 1}},
         True,
     ),

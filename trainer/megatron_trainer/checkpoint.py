@@ -81,20 +81,23 @@ def iteration_path(root: str | Path, iteration: int) -> str:
 
 
 def _iteration_of(name: str) -> int | None:
-    if not name.startswith("iter_") or not name[5:].isdigit():
+    digits = name[5:]
+    # ASCII digits only: "iter_²" passes str.isdigit, and int() then raises.
+    if (
+        not name.startswith("iter_")
+        or not (digits.isascii() and digits.isdigit())
+        or len(digits) > 18
+    ):
         return None
     return int(name[5:])
 
 
 def read_metadata(path: str) -> Any:
-    """The torch.distributed.checkpoint `.metadata` of a checkpoint directory or URL."""
-    if is_msc_url(path):
-        import multistorageclient
+    """The torch.distributed.checkpoint `.metadata` of a checkpoint directory or URL, read with a
+    restricted unpickler: a scanned directory's .metadata must not run code (safe_metadata.py)."""
+    from .safe_metadata import read_metadata as read_safely
 
-        return multistorageclient.torch.MultiStorageFileSystemReader(path).read_metadata()
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
-
-    return FileSystemReader(path).read_metadata()
+    return read_safely(path)
 
 
 def incomplete_reason(path: str | Path) -> str | None:

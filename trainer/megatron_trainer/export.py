@@ -101,17 +101,12 @@ def read_trainer_metadata(path: str | Path) -> dict[str, Any]:
 
 def read_full_tensors(path: str | Path, keys: list[str]) -> dict[str, torch.Tensor]:
     """The full (unsharded) tensors `keys` of a torch_dist checkpoint, without a process group."""
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from torch.distributed.checkpoint.state_dict_loader import load
 
-    reader: Any
-    if is_msc_url(str(path)):
-        import multistorageclient
+    from .safe_metadata import safe_reader
 
-        reader = multistorageclient.torch.MultiStorageFileSystemReader(str(path))
-    else:
-        reader = FileSystemReader(str(path))
+    reader = safe_reader(str(path))
     metadata = reader.read_metadata().state_dict_metadata
     state: dict[str, torch.Tensor] = {}
     for key in keys:

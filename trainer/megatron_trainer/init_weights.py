@@ -57,7 +57,7 @@ def resolve_checkpoint(path: str | Path) -> str:
         text = store.read_bytes(tracker).decode(errors="replace").strip()
         if text == "release":
             chosen = store.join(root, "release")
-        elif text.isdigit():
+        elif text.isascii() and text.isdigit() and len(text) <= 18:
             chosen = iteration_path(root, int(text))
         else:
             raise ConfigError([f"{FIELD}.path: {tracker} holds {text!r}, not an iteration"])

@@ -51,7 +51,7 @@ def nan_injection_iteration(environ: dict[str, str] | None = None) -> int | None
     raw = (os.environ if environ is None else environ).get(INJECT_NAN_LOSS, "").strip()
     if not raw:
         return None
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
         raise ConfigError(
             [f"{INJECT_NAN_LOSS}: expected an iteration number such as '3', got {raw!r}"]
         )

@@ -15,11 +15,32 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ .Values.metrics.port | quote }}
 prometheus.io/path: /metrics
+prometheus.io/scheme: https
+{{- end -}}
+{{/* The namespaces the operator watches, one per line; none in cluster-wide mode. */}}
+{{- define "megatron-operator.namespaces" -}}
+{{- if not .Values.clusterWide -}}
+{{- range (.Values.watchNamespaces | default (list .Release.Namespace)) }}
+{{ . }}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{/* One replica without leader election is fine; several would all reconcile the same jobs. */}}
 {{- define "megatron-operator.check" -}}
 {{- if and (gt (int .Values.replicas) 1) (not .Values.leaderElection.enabled) -}}
 {{- fail "replicas > 1 needs leaderElection.enabled=true: without it every replica reconciles every job" -}}
+{{- end -}}
+{{- if and .Values.clusterWide .Values.watchNamespaces -}}
+{{- fail "clusterWide=true watches every namespace: leave watchNamespaces empty (or set clusterWide=false)" -}}
+{{- end -}}
+{{- if eq (int .Values.metrics.port) (int .Values.metrics.healthPort) -}}
+{{- fail "metrics.port and metrics.healthPort must differ" -}}
+{{- end -}}
+{{- if and .Values.admissionPolicy.enabled .Values.admissionPolicy.images.requireAllowList (not .Values.admissionPolicy.images.allowed) -}}
+{{- fail "admissionPolicy.images.allowed is empty: list the repositories tenants may run, e.g. --set 'admissionPolicy.images.allowed={registry.example.com/ml/*}'" -}}
+{{- end -}}
+{{- if and (or .Values.metrics.serviceMonitor.enabled .Values.metrics.podMonitor.enabled) (not .Values.metrics.secure) -}}
+{{- fail "metrics.secure=false serves /metrics on the pod's loopback only: nothing can scrape it; turn the ServiceMonitor and PodMonitor off, or metrics.secure on" -}}
 {{- end -}}
 {{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.service) -}}
 {{- fail "metrics.serviceMonitor.enabled needs metrics.service=true (it selects the metrics Service); use metrics.podMonitor without a Service" -}}

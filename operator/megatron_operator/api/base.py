@@ -7,6 +7,7 @@ unknown fields rejected, and strict types (a string "3" is not an integer, as in
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
@@ -53,6 +54,7 @@ QUANTITY_PATTERN = (
     r"(([KMGTPE]i)|[numkMGTPE]|([eE][-+]?[0-9]{1,2}))?$"
 )
 MAX_QUANTITY_INT: Final = 10**18
+QUANTITY_MAX_LENGTH: Final = 40
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 
 
@@ -61,12 +63,33 @@ def _check_quantity(value: object) -> str | int:
         raise ValueError("must be a Kubernetes quantity such as 8, '500m' or '80Gi'")
     if isinstance(value, int) and not 0 <= value <= MAX_QUANTITY_INT:
         raise ValueError(f"must be between 0 and {MAX_QUANTITY_INT}, got {value}")
-    if isinstance(value, str) and not _QUANTITY_RE.match(value):
+    if isinstance(value, str) and not _QUANTITY_RE.fullmatch(value):
         raise ValueError(
             f"{value[:40]!r} is not a Kubernetes quantity: use a non-negative form like "
             "'500m' or '80Gi' (at most 18 digits)"
         )
     return value
+
+
+_SUFFIX: Final[dict[str, Decimal | int]] = {
+    **{"": 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3")},
+    **{"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18},
+    **{"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60},
+}
+_QUANTITY_PARTS = re.compile(r"\+?([0-9]*\.?[0-9]*)(.*)")
+
+
+def quantity_value(value: str | int) -> Decimal:
+    """The exact value of a Quantity (already checked by QUANTITY_PATTERN), as the apiserver
+    compares them: '500m' < '1' < '1Ki' < '1e4'."""
+    if isinstance(value, int):
+        return Decimal(value)
+    m = _QUANTITY_PARTS.fullmatch(value)
+    assert m is not None
+    number, suffix = Decimal(m.group(1)), m.group(2)
+    if suffix[:1] in ("e", "E") and suffix not in ("E", "Ei"):
+        return number * Decimal(10) ** int(suffix[1:])
+    return number * Decimal(_SUFFIX[suffix])
 
 
 Quantity = Annotated[
@@ -76,6 +99,9 @@ Quantity = Annotated[
         {
             "x-kubernetes-int-or-string": True,
             "pattern": QUANTITY_PATTERN,
+            # The pattern allows at most 36 characters; the cap bounds the CEL cost of
+            # comparing requests with limits.
+            "maxLength": QUANTITY_MAX_LENGTH,
             "minimum": 0,
             "maximum": MAX_QUANTITY_INT,
         }
@@ -138,9 +164,9 @@ _PARENT_RE = re.compile(PARENT_SEGMENT_PATTERN)
 
 def qualified_name_problem(value: str) -> str | None:
     """Why `value` is not a Kubernetes qualified name (a label or taint key), or None."""
-    if len(value) > QUALIFIED_NAME_MAX or not _QUALIFIED_PREFIX_RE.match(value):
+    if len(value) > QUALIFIED_NAME_MAX or not _QUALIFIED_PREFIX_RE.fullmatch(value):
         return "the prefix before '/' must be at most 253 characters and the name at most 63"
-    if not _QUALIFIED_RE.match(value):
+    if not _QUALIFIED_RE.fullmatch(value):
         return (
             "must be a label key: an optional DNS prefix and '/', then at most 63 letters, "
             "digits, '-', '_' or '.', starting and ending with a letter or digit "

@@ -478,6 +478,25 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".resources.requests",
     ),
     rule(
+        f"!has({R}.requests) || {R}.requests.all(k, "
+        f"!((k.contains('/') && !k.contains('kubernetes.io/')) || k.startsWith('hugepages-')) "
+        f"|| k == {R}.accelerator || (has({R}.limits) && k in {R}.limits))",
+        "an extended resource or huge pages request needs its limit (they are not "
+        "overcommitted): set resources.limits to the same amount, or give only the limit",
+        ".resources.requests",
+    ),
+    # Three named resources keep the rule's cost within the apiserver's budget (a loop over
+    # the maps with quantity() is 8x over it); the model checks every resource, and the
+    # extended ones' request == limit rule.
+    rule(
+        f"!has({R}.requests) || !has({R}.limits) || ['cpu', 'memory', 'ephemeral-storage']"
+        f".all(k, !(k in {R}.requests) || !(k in {R}.limits) || "
+        f"quantity(string({R}.requests[k])).compareTo(quantity(string({R}.limits[k]))) <= 0)",
+        "a resource request is above its limit: a pod may not request more than its limit; "
+        "raise the limit or lower the request",
+        ".resources.requests",
+    ),
+    rule(
         f"!{GPU} || !has({R}.limits) || !({R}.accelerator in {R}.limits)",
         "the GPU limit is set from procsPerNode: remove it from resources.limits",
         ".resources.limits",

@@ -356,6 +356,15 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         parts = key.strip().split(".")
         if parts[0] not in ("spec", "metadata"):
             parts = ["spec", *parts]
+        if len(parts) > MAX_DEPTH:
+            errors.append(
+                FieldError(
+                    "--set",
+                    f"{_short(item)}: the path is nested deeper than {MAX_DEPTH} levels; a "
+                    "MegatronJob needs about 8",
+                )
+            )
+            continue
         try:
             docs = _load(raw, "--set") if raw.strip() else [""]
         except yaml.YAMLError:
@@ -377,7 +386,7 @@ def _set_path(root: dict[str, Any], parts: list[str], value: Any) -> str | None:
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
+            if not (part.isascii() and part.isdigit()) or len(part) > 9 or int(part) >= len(node):
                 return f"{'.'.join(parts[:i])} has no item {part}"
             if last:
                 node[int(part)] = value
@@ -395,9 +404,44 @@ def _set_path(root: dict[str, Any], parts: list[str], value: Any) -> str | None:
     return None
 
 
+def _too_deep(doc: Any) -> str | None:
+    """The path of the first value nested deeper than MAX_DEPTH, or None. Iterative: the
+    document may come from `--set` or a dict, not only from the YAML reader, which has its own
+    cap (a `--set metadata.x.x...=1` of 60,000 levels must not pass, nor blow the stack)."""
+    stack: list[tuple[Any, str, int]] = [(doc, "", 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        if depth >= MAX_DEPTH:
+            return path or "<root>"
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            where = (
+                f"{path}[{key}]"
+                if isinstance(node, list)
+                else f"{path}.{key}"
+                if path
+                else str(key)
+            )
+            stack.append((value, where, depth + 1))
+    return None
+
+
 def load_job(doc: dict[str, Any], source: str = "<input>") -> MegatronJob:
     """Validate a MegatronJob document. Raises SpecError listing every problem."""
     errors: list[FieldError] = []
+    deep = _too_deep(doc)
+    if deep is not None:
+        raise SpecError(
+            [
+                FieldError(
+                    _clip(deep),
+                    f"nested deeper than {MAX_DEPTH} levels; a MegatronJob needs about 8: "
+                    "remove the extra nesting",
+                )
+            ]
+        )
     if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
         errors.append(
             FieldError(
@@ -410,7 +454,7 @@ def load_job(doc: dict[str, Any], source: str = "<input>") -> MegatronJob:
     metadata = doc.get("metadata")
     namespace = metadata.get("namespace") if isinstance(metadata, dict) else None
     if namespace is not None and not (
-        isinstance(namespace, str) and len(namespace) <= 63 and _NAMESPACE_RE.match(namespace)
+        isinstance(namespace, str) and len(namespace) <= 63 and _NAMESPACE_RE.fullmatch(namespace)
     ):
         errors.append(
             FieldError(

@@ -51,6 +51,7 @@ from .base import (
     Toleration,
     enum_schema,
     one_of,
+    quantity_value,
 )
 from .template import PodTemplate
 
@@ -380,7 +381,7 @@ class DataSpec(ApiModel):
     tokenizer: TokenizerSpec | None = Field(None, description="Tokenizer; required with blend.")
     split: str = Field(
         "100,0,0",
-        pattern=r"^\d{1,9},\d{1,9},\d{1,9}$",
+        pattern=r"^[0-9]{1,9},[0-9]{1,9},[0-9]{1,9}$",
         max_length=64,
         description="Train,valid,test split weights.",
     )
@@ -460,6 +461,40 @@ class ResourcesSpec(ApiModel):
     network: NetworkSpec = Field(
         default_factory=NetworkSpec, description="The inter-node fabric (default: none)."
     )
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> ResourcesSpec:
+        # Also a CEL rule (cel.py): the apiserver refuses a pod whose request is above its
+        # limit, so the job must be refused before any pod is rendered.
+        above = [
+            k
+            for k, v in self.requests.items()
+            if k in self.limits and quantity_value(v) > quantity_value(self.limits[k])
+        ]
+        if above:
+            raise ValueError(
+                f"resources.requests is above resources.limits for {', '.join(sorted(above))}: "
+                "a pod may not request more than its limit; raise the limit or lower the request"
+            )
+        # Extended resources (rdma/ib, ...) and huge pages cannot be overcommitted: the
+        # apiserver wants a limit, equal to the request when both are given.
+        uneven = [
+            k
+            for k in self.requests
+            if (("/" in k and "kubernetes.io/" not in k) or k.startswith("hugepages-"))
+            and k != self.accelerator  # refused on its own: the operator sets it
+            and (
+                k not in self.limits
+                or quantity_value(self.requests[k]) != quantity_value(self.limits[k])
+            )
+        ]
+        if uneven:
+            raise ValueError(
+                f"resources.requests of {', '.join(sorted(uneven))} needs an equal "
+                "resources.limits entry (extended resources and huge pages are not "
+                "overcommitted): set the limit, or give only the limit"
+            )
+        return self
 
     @model_validator(mode="after")
     def _world_size_cap(self) -> ResourcesSpec:

@@ -206,6 +206,19 @@ class MegatronJobStatus(ApiModel):
         description="When the restarts not counted toward maxRestarts happened in the last hour "
         "(RFC 3339): past the operator's hourly cap, such restarts count.",
     )
+    attempt_times: list[str] | None = Field(
+        None,
+        max_length=32,
+        description="When the attempts of the last hour started, restarts and resumes (RFC 3339): "
+        "past 5 an hour, the operator's floor between attempts doubles with each one, up to "
+        "10 minutes.",
+    )
+    resume_times: list[str] | None = Field(
+        None,
+        max_length=32,
+        description="When spec.suspend went back to false in the last hour (RFC 3339): from the "
+        "second resume of the hour on, the new attempt waits the job's backoff.",
+    )
     local_queue: str | None = Field(
         None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name), when queued."
     )

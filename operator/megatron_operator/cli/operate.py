@@ -29,6 +29,30 @@ def register(sub: Any) -> None:
         help="watch only this namespace (repeatable); default: all namespaces",
     )
     p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus port (0: off)")
+    p.add_argument(
+        "--metrics-bind-address",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address of the metrics port (default 127.0.0.1; 0.0.0.0 for all, which needs "
+        "--metrics-auth kubernetes: the metrics name every tenant's jobs)",
+    )
+    p.add_argument(
+        "--metrics-auth",
+        choices=("auto", "kubernetes", "none"),
+        default="auto",
+        help="who may read /metrics: kubernetes (the caller's bearer token, through TokenReview "
+        "and SubjectAccessReview on the non-resource URL /metrics), none (loopback only), or "
+        "auto (kubernetes unless bound to loopback)",
+    )
+    p.add_argument(
+        "--metrics-cert-dir",
+        default=None,
+        metavar="DIR",
+        help="serve /metrics over HTTPS with DIR/tls.crt and DIR/tls.key",
+    )
+    p.add_argument(
+        "--health-port", type=int, default=8081, help="port of /readyz and /livez (0: off)"
+    )
     p.add_argument("--workers", type=int, default=32, help="concurrent API calls for pod gangs")
     p.add_argument(
         "--node-lost-grace-seconds",
@@ -67,13 +91,40 @@ def register(sub: Any) -> None:
         help="queue jobs labelled kueue.x-k8s.io/queue-name through Kueue: auto (when the "
         "cluster serves Kueue's Workload API, checked once at start), on (required), off",
     )
+    p.add_argument(
+        "--claim-key-file",
+        default=None,
+        metavar="PATH",
+        help="a secret key (32 bytes or more) sealing the checkpoint claims the operator retains "
+        "after a job: a job re-created with the same name reuses only a claim whose seal checks "
+        "out; without it, a retained claim is recognised by its labels",
+    )
     p.add_argument("--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_operator)
 
 
+def _loopback(address: str) -> bool:
+    return address in ("localhost", "::1") or address.startswith("127.")
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
-    if not 0 <= args.metrics_port <= 65535 or args.workers < 1:
-        raise CliError("--metrics-port must be 0-65535 and --workers ≥ 1", EXIT_INVALID)
+    ports = (args.metrics_port, args.health_port)
+    if not all(0 <= p <= 65535 for p in ports) or args.workers < 1:
+        raise CliError(
+            "--metrics-port and --health-port must be 0-65535 and --workers ≥ 1", EXIT_INVALID
+        )
+    if args.metrics_port and args.metrics_port == args.health_port:
+        raise CliError("--metrics-port and --health-port must differ", EXIT_INVALID)
+    metrics_auth = args.metrics_auth
+    if metrics_auth == "auto":
+        metrics_auth = "none" if _loopback(args.metrics_bind_address) else "kubernetes"
+    if metrics_auth == "none" and not _loopback(args.metrics_bind_address):
+        raise CliError(
+            f"--metrics-auth none on {args.metrics_bind_address or 'every address'}: /metrics "
+            "names every tenant's jobs, their loss and throughput; bind it to 127.0.0.1 or use "
+            "--metrics-auth kubernetes",
+            EXIT_INVALID,
+        )
     lease_namespace = args.leader_election_namespace or os.environ.get("POD_NAMESPACE")
     if args.leader_elect and not lease_namespace:
         raise CliError(
@@ -97,7 +148,14 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from megatron_operator.cluster.metrics import Metrics
     from megatron_operator.core.reconcile import Settings
 
+    claim_key = _claim_key(args.claim_key_file) if args.claim_key_file else None
     kube = Kube.connect(workers=args.workers)
+    kube.claim_key = claim_key
+    if claim_key is None:
+        logging.getLogger(__name__).warning(
+            "no --claim-key-file: a retained checkpoint claim is reused by its labels, which "
+            "anyone who may create claims in the namespace can set (the chart gives a key)"
+        )
     queues = _queues(kube, args.kueue, tuple(args.namespace))
     metrics = Metrics()
     settings = Settings(
@@ -105,8 +163,18 @@ def cmd_operator(args: argparse.Namespace) -> int:
     )
     controller = Controller(kube, metrics, settings, queues=queues)
     runtime = handlers.Runtime(controller=controller, namespaces=tuple(args.namespace))
+    if args.health_port:
+        health.serve_health(args.health_port, runtime.health)
     if args.metrics_port:
-        health.serve(args.metrics_port, metrics.registry, runtime.health)
+        from megatron_operator.cluster.authn import TokenAuthorizer
+
+        health.serve_metrics(
+            args.metrics_port,
+            metrics.registry,
+            args.metrics_bind_address,
+            TokenAuthorizer(kube.client) if metrics_auth == "kubernetes" else None,
+            health.tls_context(args.metrics_cert_dir) if args.metrics_cert_dir else None,
+        )
     if args.leader_elect:
         identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         runtime.elector = LeaderElector(
@@ -116,6 +184,20 @@ def cmd_operator(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).error("lost the leader Lease: exiting to stand by again")
         return 1
     return 0
+
+
+def _claim_key(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            key = f.read().strip()
+    except OSError as exc:
+        raise CliError(f"--claim-key-file: cannot read {path}: {exc}", EXIT_INVALID) from None
+    if len(key) < 32:
+        raise CliError(
+            f"--claim-key-file: {path} holds {len(key)} bytes; use 32 or more random bytes",
+            EXIT_INVALID,
+        )
+    return key
 
 
 def _queues(kube: Kube, mode: str, namespaces: tuple[str, ...]) -> Queues | None:

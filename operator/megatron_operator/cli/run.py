@@ -39,6 +39,12 @@ def register(sub: Any) -> None:
         help="kill a rank when it first reaches STEP (default rank 0, SIGKILL); repeatable, "
         "each fires once per run",
     )
+    p.add_argument(
+        "--trust-env",
+        action="store_true",
+        help="pass spec.env entries that make a process load code (LD_PRELOAD, PYTHONPATH, "
+        "PATH, ...) to the local processes; refused by default, since they run on this machine",
+    )
     p.set_defaults(func=cmd_run)
 
 
@@ -56,9 +62,12 @@ def _check_workdir(path: Path) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from megatron_operator.local.inject import check_ranks, parse_injection
+    from megatron_operator.local.pods import host_env_problems
 
     job = load_file(args.file, args.overrides)
     p = plan(job.spec)
+    if not args.trust_env and (problems := host_env_problems(job.spec)):
+        raise SpecError(problems)
     if job.metadata.uid is None:
         # The apiserver gives every object a uid; locally the workdir plays that part.
         uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"mjob-local:{job.namespace}/{job.name}"))

@@ -70,12 +70,13 @@ def _suggest(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from megatron_operator.core.render import as_list, render
+    from megatron_operator.cli.yamlio import write_list
+    from megatron_operator.core.render import render_iter
 
     if args.restart_attempt < 0:
         raise CliError("--restart-attempt must be 0 or more", EXIT_INVALID)
     job, p = load_and_plan(args.file, args.overrides)
-    sys.stdout.write(dump(as_list(render(job, p, args.restart_attempt)), args.output))
+    write_list(render_iter(job, p, args.restart_attempt), args.output, sys.stdout.write)
     return 0
 
 

@@ -17,8 +17,11 @@ from typing import Any
 
 from megatron_operator.api.managedby import Manager, manager_of_job
 from megatron_operator.cluster.errors import ApiError, ErrorKind, classify
+from megatron_operator.cluster.events import EventLimiter
+from megatron_operator.cluster.guard import BugGuard
 from megatron_operator.cluster.kube import ChildConflict, Conflict, Kube, Rejected
 from megatron_operator.cluster.metrics import Metrics
+from megatron_operator.cluster.ratelimit import ProgressLimiter
 from megatron_operator.cluster.watch import PodCache
 from megatron_operator.cluster.workloads import Queues
 from megatron_operator.core.backoff import Backoff
@@ -31,6 +34,8 @@ log = logging.getLogger(__name__)
 
 # Node name → when it became NotReady (None while Ready); absent: no such node.
 NodeLookup = Callable[[str], "tuple[bool, datetime | None]"]
+# The state machine (core.reconcile.reconcile); a test may hand in a double.
+Decide = Callable[[World, Settings], Outcome]
 
 
 # Consecutive transient failures (429, 5xx, no answer) before the job's owner is told.
@@ -77,8 +82,10 @@ class Controller:
         settings: Settings | None = None,
         backoff: Backoff = API_BACKOFF,
         queues: Queues | None = None,
+        decide: Decide = reconcile,
     ) -> None:
         self.kube = kube
+        self.decide = decide
         self.metrics = metrics
         self.settings = settings or Settings()
         self.backoff = backoff
@@ -91,6 +98,9 @@ class Controller:
         # Per job, our own recent calls the cache may not show yet. One job reconciles in one
         # thread at a time, so each job's table is only ever touched by one thread.
         self.expected: dict[tuple[str, str], Expectations] = {}
+        self.guard = BugGuard(metrics)  # exceptions of ours: backoff, metric, no pod touched
+        self.progress = ProgressLimiter()  # progress copies into the status, per job
+        self.events = EventLimiter()  # events aggregated and rate-limited, per job
 
     def reconcile_job(
         self, namespace: str, name: str, nodes: NodeLookup | None = None, uid: str | None = None
@@ -102,6 +112,7 @@ class Controller:
         try:
             delay = self._reconcile(namespace, name, nodes, uid)
             self.failures.pop(key, None)
+            self.guard.succeeded(key)
             return delay
         except Conflict as exc:
             log.info("conflict, observing again: %s", exc)
@@ -109,10 +120,67 @@ class Controller:
         except Exception as exc:
             err = classify(exc)
             if err is None:
-                raise  # a bug of ours: the job loop logs it with its traceback
+                return self._bug(namespace, name, exc)
             return self._failed(namespace, name, err)
         finally:
             self.metrics.reconcile.observe(time.perf_counter() - started)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what is kept about a deleted job (its metrics series too)."""
+        key = (namespace, name)
+        self.metrics.forget(namespace, name)
+        for table in (self.expected, self.failures, self.refusals):
+            table.pop(key, None)
+        self.guard.forget(key)
+        self.progress.forget(key)
+        self.events.forget(key)
+
+    def _bug(self, namespace: str, name: str, exc: Exception) -> float:
+        """An exception of ours: back off and retry, loudly, and leave the job's pods alone
+        (cluster/guard.py). A new error is also posted on the job as one Warning event."""
+        delay, new = self.guard.failed((namespace, name), exc)
+        if new:
+            message = (
+                f"the operator failed to reconcile this job ({type(exc).__name__}: {exc}); "
+                f"its pods are left as they are, and it retries in {delay:.0f}s"
+            )
+            self._background(self._warn, namespace, name, "ReconcileError", message)
+        return delay
+
+    def _warn(self, namespace: str, name: str, reason: str, message: str) -> None:
+        try:
+            job = self.kube.get_job(namespace, name)
+            if job is not None:
+                self._post(job, "Warning", reason, message, _now())
+        except Exception as exc:  # an event is best effort
+            log.warning("%s/%s: could not post the %s event: %s", namespace, name, reason, exc)
+
+    def _event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """Post an event in the background, aggregated and rate-limited (cluster/events.py)."""
+        self._background(self._post, dict(job), type_, reason, message, _now())
+
+    def _background(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            self.kube.pool.submit(fn, *args)
+        except RuntimeError:
+            # The pool is shut down: the operator is stopping while a reconcile finishes. Its
+            # event is dropped; what it reports is in the status, written before.
+            log.info("stopping: an event was not posted")
+
+    def _post(
+        self, job: dict[str, Any], type_: str, reason: str, message: str, now: datetime
+    ) -> None:
+        meta = job["metadata"]
+        key = (str(meta["namespace"]), str(meta["name"]))
+        action, name, count = self.events.decide(key, type_, reason, message[:1024])
+        if action == "count" and name is not None:
+            self.kube.bump_event(key[0], name, count, now)
+        elif action == "post":
+            made = self.kube.event(job, type_, reason, message, now)
+            if made is not None:
+                self.events.posted(key, type_, reason, message[:1024], made)
+        else:
+            self.metrics.events_dropped.inc()
 
     def _failed(self, namespace: str, name: str, err: ApiError) -> float:
         """Back off (exponential, jittered, capped); a refusal that will not pass by itself
@@ -149,7 +217,7 @@ class Controller:
             # write (an empty pod list would read as every pod gone).
             pods = [pod_view(p) for p in self.kube.list_pods(namespace, name)]
             world = self._world(job, pods, None, self.kube.accepted_spec(namespace, name))
-            out = reconcile(world, self.settings)
+            out = self.decide(world, self.settings)
             self._write_status(job, out)
         except Exception as exc:  # best effort: the next reconcile tries again
             log.warning("%s/%s: could not report the refusal: %s", namespace, name, exc)
@@ -193,6 +261,7 @@ class Controller:
                 meta.get("uid"),
             ),
             queue=self.queues.observe(job) if self.queues is not None else None,
+            progress_not_before=self.progress.not_before((namespace, name)),
         )
 
     def _reconcile(
@@ -200,10 +269,7 @@ class Controller:
     ) -> float:
         job = self.kube.get_job(namespace, name)
         if job is None:
-            self.metrics.forget(namespace, name)
-            self.expected.pop((namespace, name), None)
-            self.failures.pop((namespace, name), None)
-            self.refusals.pop((namespace, name), None)
+            self.forget(namespace, name)
             return math.inf
         if uid is not None and job["metadata"].get("uid") != uid:
             return math.inf  # deleted and re-created: the new job has its own loop
@@ -217,7 +283,9 @@ class Controller:
         # The accepted spec lives in the ConfigMap, which exists once an attempt was launched.
         accepted = self.kube.accepted_spec(namespace, name) if "launchedAttempt" in status else None
         world = self._world(job, pods, nodes, accepted)
-        out = reconcile(world, self.settings)
+        out = self.decide(world, self.settings)
+        if out.status.get("progress") not in (None, status.get("progress")):
+            self.progress.copied((namespace, name), world.now)
         try:
             self._apply(job, out)
         except (Rejected, ChildConflict) as exc:
@@ -231,7 +299,7 @@ class Controller:
                 world = replace(world, job=fresh, rejection=str(exc))
             else:
                 world = replace(world, job=fresh, conflict=str(exc))
-            out = reconcile(world, self.settings)
+            out = self.decide(world, self.settings)
             self._apply(fresh, out)
         wrote = bool(out.create) or bool(out.delete_pods) or bool(out.force_delete)
         if wrote and self.refusals.pop((namespace, name), None) is not None:
@@ -256,18 +324,15 @@ class Controller:
             self.queues.act(namespace, out.workload, _now())
         if out.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished passed: deleting the job", namespace, name)
-            self.kube.delete_job(namespace, name)
+            self.kube.delete_job(namespace, name, job["metadata"].get("uid"))
         return out.requeue_after
 
     def _write_status(self, job: dict[str, Any], out: Outcome) -> None:
         meta = job["metadata"]
         if out.status != job.get("status"):
             self.kube.replace_status(dict(job), out.status)
-        now = _now()
         for event in out.events:  # posted in the background: events never hold up a reconcile
-            self.kube.pool.submit(
-                self.kube.event, dict(job), event.type, event.reason, event.message, now
-            )
+            self._event(job, str(event.type), event.reason, event.message)
         spec = job.get("spec")
         self.metrics.observe_status(
             str(meta["namespace"]),
@@ -296,7 +361,7 @@ class Controller:
         deletes = [n for n in out.delete_pods if out.delete_uids.get(n) not in expect.deleted]
         if deletes:
             log.info("%s/%s: deleting %d pods", namespace, name, len(deletes))
-            self.kube.delete_pods(namespace, deletes, out.delete_uids)
+            self.kube.delete_pods(namespace, deletes, out.delete_uids, job=name)
             expect.deleted_now(out.delete_uids.get(n) for n in deletes)
         if out.force_delete:  # already deleting, on a lost node: never held back
             log.warning(
@@ -306,7 +371,9 @@ class Controller:
                 len(out.force_delete),
                 ", ".join(out.force_delete[:5]),
             )
-            self.kube.delete_pods(namespace, out.force_delete, out.delete_uids, force=True)
+            self.kube.delete_pods(
+                namespace, out.force_delete, out.delete_uids, force=True, job=name
+            )
         pods = [p for p in out.create_pods if p["metadata"]["name"] not in expect.created]
         others = [o for o in out.create if o["kind"] != "Pod"]
         uid = meta.get("uid")
@@ -320,4 +387,4 @@ class Controller:
             log.info("%s/%s: attempt %s: created %d pods", namespace, name, attempt, made)
         if out.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished passed: deleting the job", namespace, name)
-            self.kube.delete_job(namespace, name)
+            self.kube.delete_job(namespace, name, meta.get("uid"))

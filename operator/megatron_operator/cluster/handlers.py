@@ -1,18 +1,17 @@
-"""kopf wiring (thin): one daemon per MegatronJob runs the reconcile loop; watch events only
-wake it up. Decisions live in `reconcile`, API calls in `kube`.
+"""kopf wiring (thin): kopf watches the MegatronJobs and hands each event to `job_changed`,
+which starts or wakes the job's reconcile loop (cluster/jobloops.py). Decisions live in
+`reconcile`, API calls in `kube`.
 
-Why a daemon per job rather than on.create/on.update handlers: the controller is level-triggered.
-Events for the job, its pods and the nodes coalesce into one wake-up, and the daemon sleeps until
-the next deadline (a backoff, a hang timeout, a TTL) or the next event, like a work queue.
+kopf keeps no per-job body here: there is no daemon (kopf keeps a daemon's object for its life)
+and no change handler, and the initial list is read in chunks. The pods, Leases and nodes are
+watched by watch.py's light threads.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
-import math
 import os
 import signal
 import threading
@@ -26,7 +25,9 @@ from megatron_operator.api.job import GROUP, PLURAL, VERSION
 from megatron_operator.api.managedby import Manager, manager_of
 from megatron_operator.cluster.controller import Controller, NodeLookup
 from megatron_operator.cluster.health import Health
+from megatron_operator.cluster.jobloops import JobLoops
 from megatron_operator.cluster.leader import LeaderElector
+from megatron_operator.cluster.ratelimit import WakeThrottle
 from megatron_operator.cluster.watch import (
     NodeReadiness,
     PodCache,
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 # Reconciles run in threads (the API client is synchronous). asyncio's default pool has
 # min(32, cores + 4) threads: far too few when hundreds of jobs are reconciled at once.
 RECONCILE_WORKERS = 32
-DEBOUNCE_SECONDS = 0.05  # let a burst of pod events land before observing
+LIST_CHUNK = 50  # MegatronJobs per page of kopf's initial list: a page of 1.5 MB jobs is 75 MB
 HEARTBEAT_SECONDS = 5.0  # how often the loop and the reconcile pool report to /livez
 
 
@@ -58,12 +59,13 @@ class Runtime:
     nodes: NodeReadiness | None = None
     watchers: list[Watcher] = field(default_factory=list)
     pool: ThreadPoolExecutor | None = None
-    wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
-    gone: set[str] = field(default_factory=set)  # uids of deleted jobs: their loops end
+    loops: JobLoops | None = None  # made at start-up, on kopf's asyncio loop
     generations: dict[tuple[str, str], int | None] = field(default_factory=dict)
     health: Health = field(default_factory=Health)
     elector: LeaderElector | None = None  # None: no leader election (one replica)
     heartbeat: asyncio.Task[None] | None = None
+    # A trainer's Lease writes wake its job at most this often (cluster/ratelimit.py).
+    lease_wakes: WakeThrottle = field(default_factory=WakeThrottle)
 
     def synced(self) -> tuple[bool, str]:
         """Ready once every watch has listed what exists (the readiness probe)."""
@@ -75,14 +77,27 @@ class Runtime:
         return True, "ok: leading" if self.elector is not None else "ok"
 
     def wake(self, namespace: str | None, name: str | None) -> None:
-        if namespace and name:
-            event = self.wakeups.get((namespace, name))
-            if event is not None:
-                event.set()
+        if namespace and name and self.loops is not None:
+            self.loops.wake(namespace, name)
 
     def wake_all(self) -> None:
-        for event in self.wakeups.values():
-            event.set()
+        if self.loops is not None:
+            self.loops.wake_all()
+
+    def wake_for_lease(self, namespace: str, name: str) -> None:
+        """A Lease event: wake now, or once at the end of the job's throttle window."""
+        key = (namespace, name)
+        if self.loops is None or key not in self.loops:
+            return
+        delay = self.lease_wakes.admit(key)
+        if delay == 0.0:
+            self.wake(namespace, name)
+        elif delay is not None:
+            asyncio.get_running_loop().call_later(delay, self._wake_later, namespace, name)
+
+    def _wake_later(self, namespace: str, name: str) -> None:
+        self.lease_wakes.fired((namespace, name))
+        self.wake(namespace, name)
 
 
 def _runtime(memo: Any) -> Runtime:
@@ -145,8 +160,9 @@ def _restore(previous: dict[int, Any]) -> None:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    # No MegatronJob gets a finalizer (see _without_finalizers); naming the one older versions
-    # added lets kopf remove it from existing jobs, so their deletion no longer needs us.
+    # No MegatronJob gets a finalizer: no handler needs one, so deleting a job (or its
+    # namespace) completes while the operator is down, and the garbage collector removes the
+    # children. Naming the one older versions added lets kopf remove it from existing jobs.
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=DOMAIN)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -155,14 +171,12 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.enabled = False  # we post our own events, after each status write
     settings.execution.max_workers = 64
     settings.watching.server_timeout = 300
+    settings.watching.chunk_size = LIST_CHUNK
     # Client-side timeouts: a watch or a call on a half-open connection must fail, not hang.
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 10
     settings.networking.connect_timeout = 10
     settings.networking.request_timeout = 60
-    # Our daemons exit as soon as they are told to stop; give them a moment to do so cleanly
-    # rather than being cancelled mid-reconcile.
-    settings.background.instant_exit_timeout = 2.0
 
 
 @kopf.on.startup()
@@ -170,6 +184,7 @@ async def start(memo: kopf.Memo, **_: Any) -> None:
     """Start the reconcile pool, and the pod, Lease and node watches (light threads, watch.py)."""
     runtime = _runtime(memo)
     runtime.pool = ThreadPoolExecutor(max_workers=RECONCILE_WORKERS, thread_name_prefix="reconcile")
+    runtime.loops = JobLoops(functools.partial(_step, runtime))
     loop = asyncio.get_running_loop()
 
     def wake(namespace: str, name: str) -> None:
@@ -178,12 +193,15 @@ async def start(memo: kopf.Memo, **_: Any) -> None:
     def wake_all() -> None:
         loop.call_soon_threadsafe(runtime.wake_all)
 
+    def wake_for_lease(namespace: str, name: str) -> None:
+        loop.call_soon_threadsafe(runtime.wake_for_lease, namespace, name)
+
     kube = runtime.controller.kube
     runtime.nodes = NodeReadiness(wake_all)
     runtime.controller.pods = PodCache(wake)
     runtime.watchers = [
         *pod_watchers(kube, list(runtime.namespaces), runtime.controller.pods),
-        *lease_watchers(kube, list(runtime.namespaces), wake),
+        *lease_watchers(kube, list(runtime.namespaces), wake_for_lease),
         node_watcher(kube, runtime.nodes),
     ]
     if runtime.controller.queues is not None:  # Kueue's admissions and evictions wake the job
@@ -209,8 +227,10 @@ async def _heartbeat(runtime: Runtime) -> None:
 
 
 @kopf.on.cleanup()
-def stop(memo: kopf.Memo, **_: Any) -> None:
+async def stop(memo: kopf.Memo, **_: Any) -> None:
     runtime = _runtime(memo)
+    if runtime.loops is not None:
+        await runtime.loops.stop()
     if runtime.heartbeat is not None:
         runtime.heartbeat.cancel()
     for w in runtime.watchers:
@@ -218,11 +238,12 @@ def stop(memo: kopf.Memo, **_: Any) -> None:
     if runtime.pool is not None:
         runtime.pool.shutdown(wait=False, cancel_futures=True)
     runtime.controller.kube.pool.shutdown(wait=False, cancel_futures=True)
+    runtime.controller.kube.gang.shutdown()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def job_changed(
-    type: str,
+    type: str | None,
     namespace: str | None,
     name: str,
     uid: str | None,
@@ -232,99 +253,43 @@ async def job_changed(
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    # Wake only for a new spec (generation) or a deletion: our own status writes and kopf's
-    # finalizer patches also arrive here, and reacting to them would double every reconcile.
-    # A MultiKueue job is the exception: its status is the worker's, copied here by Kueue, and
-    # its Workload's PodsReady follows it.
+    """Start or wake the job's loop for a job seen for the first time (the initial list, a new
+    job) or with a new spec (generation), and end it when the job is deleted. Our own status
+    writes and kopf's finalizer patches also arrive here; reacting to them would double every
+    reconcile, so they do not. A MultiKueue job is the exception: its status is the worker's,
+    copied here by Kueue, and its Workload's PodsReady follows it."""
     runtime = _runtime(memo)
-    key = (namespace or "", name)
-    generation = meta.get("generation")
+    if namespace is None or runtime.loops is None:
+        return  # MegatronJob is namespaced; the loops exist once start-up ran
+    key = (namespace, name)
     if type == "DELETED":
         runtime.generations.pop(key, None)
-        if uid and key in runtime.wakeups:  # its loop still runs (it discards the uid)
-            runtime.gone.add(uid)
-        runtime.wake(namespace, name)  # its loop sees the uid gone and ends
+        runtime.lease_wakes.forget(key)
+        runtime.loops.gone(namespace, name, uid)
         await cleanup(runtime, namespace, name, uid, status)
         return
+    generation = meta.get("generation")
     mirrored = manager_of(spec.get("managedBy")) is Manager.MULTIKUEUE
-    if runtime.generations.get(key) != generation or mirrored:
+    if key not in runtime.generations or runtime.generations[key] != generation or mirrored:
         runtime.generations[key] = generation
-        runtime.wake(namespace, name)
+        runtime.loops.ensure(namespace, name, uid)
 
 
-async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> bool:
-    """Sleep until woken (True), stopped or timed out (False)."""
-
-    async def until_stopped() -> None:
-        await stopped.wait()
-
-    woken = asyncio.ensure_future(wake.wait())
-    stopping = asyncio.ensure_future(until_stopped())
-    done, pending = await asyncio.wait(
-        {woken, stopping}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
-    )
-    for task in pending:
-        task.cancel()
-    return woken in done
+def _lookup(runtime: Runtime) -> NodeLookup | None:
+    """Node readiness, but only once the node list is complete: before that, a pod's node
+    missing from the cache says nothing (an operator restart must not restart jobs)."""
+    node_watches = [w for w in runtime.watchers if w.name == "nodes"]
+    synced = bool(node_watches) and all(w.synced.is_set() for w in node_watches)
+    return runtime.nodes.lookup if runtime.nodes is not None and synced else None
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_backoff=5.0, cancellation_timeout=10.0)
-async def run_job(
-    namespace: str | None,
-    name: str,
-    uid: str | None,
-    stopped: kopf.DaemonStopped,
-    memo: kopf.Memo,
-    **_: Any,
-) -> None:
-    runtime = _runtime(memo)
-    controller = runtime.controller
-    if namespace is None:
-        raise kopf.PermanentError("MegatronJob is namespaced; got an object without a namespace")
-    key = (namespace, name)
-    wake = runtime.wakeups.setdefault(key, asyncio.Event())
+async def _step(runtime: Runtime, namespace: str, name: str, uid: str | None) -> float:
+    """One reconcile in the reconcile pool (the API client is synchronous)."""
     loop = asyncio.get_running_loop()
-
-    def lookup() -> NodeLookup | None:
-        """Node readiness, but only once the node list is complete: before that, a pod's node
-        missing from the cache says nothing (an operator restart must not restart jobs)."""
-        node_watches = [w for w in runtime.watchers if w.name == "nodes"]
-        synced = bool(node_watches) and all(w.synced.is_set() for w in node_watches)
-        return runtime.nodes.lookup if runtime.nodes is not None and synced else None
-
-    try:
-        while not stopped and uid not in runtime.gone:
-            wake.clear()
-            try:
-                delay = await loop.run_in_executor(
-                    runtime.pool,
-                    functools.partial(controller.reconcile_job, namespace, name, lookup(), uid),
-                )
-                if math.isinf(delay):
-                    return  # the job is gone: without a finalizer, kopf does not stop us
-            except Exception:  # never let one bad reconcile kill the loop; retry soon
-                log.exception("reconcile of %s/%s failed; retrying", namespace, name)
-                delay = 5.0
-            if await _sleep(wake, stopped, max(delay, 0.05)):
-                await asyncio.sleep(DEBOUNCE_SECONDS)
-    finally:
-        if runtime.wakeups.get(key) is wake:
-            del runtime.wakeups[key]
-        runtime.gone.discard(uid or "")
-
-
-def _without_finalizers(registry: Any) -> None:
-    """No finalizer on MegatronJobs: deleting a job, or its namespace, completes while the
-    operator is down, and the garbage collector removes the children through their
-    ownerReferences. kopf puts a finalizer on every object that has a daemon, to stop the
-    daemon before the object goes; ours ends by itself when its job is gone (run_job)."""
-    spawning = registry._spawning
-    spawning._handlers = [
-        dataclasses.replace(h, requires_finalizer=False) for h in spawning._handlers
-    ]
-
-
-_without_finalizers(kopf.get_default_registry())
+    return await loop.run_in_executor(
+        runtime.pool,
+        functools.partial(runtime.controller.reconcile_job, namespace, name, _lookup(runtime), uid),
+    )
 
 
 async def cleanup(
@@ -334,10 +299,11 @@ async def cleanup(
     garbage collector gets to them (it discovers a new CRD kind only every 30 s). Only a
     speed-up; nothing depends on it."""
     controller = runtime.controller
-    controller.metrics.forget(namespace or "", name)
+    controller.forget(namespace or "", name)
     workload = status.get("workload")
     if controller.queues is not None and namespace and workload:
-        controller.queues.delete(namespace, str(workload))  # not waiting for the GC
+        # Not waiting for the GC; only if its controller is the deleted job.
+        controller.queues.delete(namespace, str(workload), owner=uid or "")
     if namespace is None or not uid or not status.get("startTime"):
         return  # never started (e.g. an invalid spec): it has no children
     loop = asyncio.get_running_loop()

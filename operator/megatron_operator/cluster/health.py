@@ -1,4 +1,6 @@
-"""The operator's HTTP endpoint: Prometheus metrics, readiness and liveness.
+"""The operator's HTTP endpoints: readiness and liveness on the health port, Prometheus metrics
+on the metrics port (authenticated off loopback, see cluster/authn.py). Both are served by
+cluster/httpserve.py: one thread, a connection cap and read timeouts.
 
 - `/readyz` is 200 once the operator can act on what it sees: it leads (or stands by, see
   below) and its pod and node watches have listed everything. Before that, a restarted operator
@@ -12,14 +14,16 @@
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from megatron_operator.cluster.authn import Decision, TokenAuthorizer
+from megatron_operator.cluster.httpserve import Reply, Server
 
 STALE_SECONDS = 120.0
 
@@ -57,33 +61,51 @@ class Health:
             return False, f"readiness check failed: {exc}"
 
 
-def serve(
-    port: int, registry: CollectorRegistry, health: Health, host: str = ""
-) -> ThreadingHTTPServer:
-    """Serve /metrics, /readyz and /livez on `port` from a daemon thread."""
+def serve_health(port: int, health: Health, host: str = "") -> Server:
+    """Serve /readyz and /livez (and /healthz, an alias of /livez) on `port`. They say only
+    whether the operator is ready and alive: no job data, so no authentication (the kubelet
+    probes them)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-            elif path in ("/readyz", "/livez", "/healthz"):
-                ok, why = health.ready() if path == "/readyz" else health.live()
-                self._reply(200 if ok else 503, f"{why}\n".encode(), "text/plain; charset=utf-8")
-            else:
-                self._reply(404, b"not found: try /metrics, /readyz or /livez\n", "text/plain")
+    def handle(path: str, headers: Mapping[str, str]) -> Reply:
+        if path in ("/readyz", "/livez", "/healthz"):
+            ok, why = health.ready() if path == "/readyz" else health.live()
+            return Reply(200 if ok else 503, f"{why}\n".encode())
+        return Reply(404, b"not found: try /readyz or /livez\n")
 
-        def _reply(self, code: int, body: bytes, content_type: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    return Server(host, port, handle, name="health")
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # probes every few seconds would flood the log
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
-    return server
+def serve_metrics(
+    port: int,
+    registry: CollectorRegistry,
+    host: str = "127.0.0.1",
+    authorizer: TokenAuthorizer | None = None,
+    tls: ssl.SSLContext | None = None,
+) -> Server:
+    """Serve /metrics on `port`. Every tenant's job names, loss and throughput are in it, so
+    off loopback it needs `authorizer`: the caller's bearer token must be allowed to `get` the
+    non-resource URL /metrics (cluster/authn.py), as controller-runtime's secure serving."""
+
+    def handle(path: str, headers: Mapping[str, str]) -> Reply:
+        if path != "/metrics":
+            return Reply(404, b"not found: try /metrics\n")
+        if authorizer is not None:
+            try:
+                decision = authorizer.decide(headers.get("authorization"), path)
+            except Exception as exc:  # the apiserver did not answer: say so, keep serving
+                return Reply(503, f"cannot check the bearer token now: {exc}\n".encode())
+            if decision == Decision.UNAUTHENTICATED:
+                return Reply(401, b"a bearer token the apiserver accepts is required\n")
+            if decision != Decision.ALLOWED:
+                return Reply(403, b"this identity may not get /metrics\n")
+        return Reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+
+    return Server(host, port, handle, name="metrics", tls=tls)
+
+
+def tls_context(cert_dir: str) -> ssl.SSLContext:
+    """A server context from `cert_dir`/tls.crt and tls.key (a Secret of type kubernetes.io/tls)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(f"{cert_dir}/tls.crt", f"{cert_dir}/tls.key")
+    return context

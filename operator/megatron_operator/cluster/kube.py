@@ -21,9 +21,10 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from megatron_operator.api.job import GROUP, KIND, PLURAL, VERSION
+from megatron_operator.cluster.gangcalls import FairPool, slow_start
 from megatron_operator.core.names import LABEL_JOB_NAME, MANAGED_BY, SPEC_KEY, config_map_name
 from megatron_operator.core.observe import controller_uid, format_time
-from megatron_operator.core.ownership import UPDATED_KINDS, conflict
+from megatron_operator.core.ownership import UPDATED_KINDS, conflict, sealed
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -80,6 +81,13 @@ def call_json(method: Any, *args: Any, **kwargs: Any) -> Any:
     return json.loads(call(method, *args, **kwargs))
 
 
+def _retained(obj: Obj) -> bool:
+    """A claim rendered without a controller: kept after its job, and reused by a job of the
+    same name only with the seal we put on it."""
+    meta = obj.get("metadata") or {}
+    return obj.get("kind") == "PersistentVolumeClaim" and controller_uid(meta) is None
+
+
 class Kube:
     def __init__(self, api_client: kubernetes.client.ApiClient, workers: int = 32) -> None:
         self.client = api_client
@@ -88,7 +96,12 @@ class Kube:
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
         self.networking = kubernetes.client.NetworkingV1Api(api_client)
         self.coordination = kubernetes.client.CoordinationV1Api(api_client)
+        # Background calls (events). Pods go through `gang`: slow start per job, fair across
+        # jobs (cluster/gangcalls.py).
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
+        self.gang = FairPool(workers)
+        # Seals the checkpoint claims we create without a controller (core/ownership.py).
+        self.claim_key: bytes | None = None
 
     @classmethod
     def connect(cls, workers: int = 32) -> Kube:
@@ -158,18 +171,25 @@ class Kube:
                 raise Conflict(f"{meta['namespace']}/{meta['name']}: {exc.reason}") from None
             raise
 
-    def delete_job(self, namespace: str, name: str) -> None:
-        self._ignore_404(
-            lambda: call(
+    def delete_job(self, namespace: str, name: str, uid: str | None) -> None:
+        """Delete the job (ttlSecondsAfterFinished) we observed, by its uid: a job re-created
+        under the same name in between is not touched (409, done)."""
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            call(
                 self.custom.delete_namespaced_custom_object,
                 GROUP,
                 VERSION,
                 namespace,
                 PLURAL,
                 name,
-                body={"propagationPolicy": "Background"},
+                body=body,
             )
-        )
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
 
     # --- pods
     def list_pods(self, namespace: str, job: str) -> list[Obj]:
@@ -179,9 +199,14 @@ class Kube:
         return list(doc.get("items") or [])
 
     def create_pods(self, pods: list[Obj], job_uid: str | None = None) -> int:
-        """Create concurrently; a pod that already exists counts as done when it is the job's
-        own (ChildConflict otherwise). Returns how many this call created."""
-        return sum(self.pool.map(lambda p: self._create_pod(p, job_uid), pods))
+        """Create in slow-start batches, fairly with other jobs' calls; a pod that already
+        exists counts as done when it is the job's own (ChildConflict otherwise). Returns how
+        many this call created."""
+        if not pods:
+            return 0
+        meta = pods[0]["metadata"]
+        key = (str(meta["namespace"]), str((meta.get("labels") or {}).get(LABEL_JOB_NAME, "")))
+        return sum(slow_start(self.gang, key, lambda p: self._create_pod(p, job_uid), pods))
 
     def _create_pod(self, pod: Obj, job_uid: str | None) -> int:
         try:
@@ -201,12 +226,19 @@ class Kube:
         names: Iterable[str],
         uids: dict[str, str] | None = None,
         force: bool = False,
+        job: str = "",
     ) -> None:
         """Delete with each pod's own grace period (the trainer checkpoints on SIGTERM), and
         with its uid as a precondition, so only the very pod that was observed goes. `force`:
-        no grace period (a pod on a lost node, whose kubelet cannot confirm the delete)."""
+        no grace period (a pod on a lost node, whose kubelet cannot confirm the delete). In
+        slow-start batches, fairly with other jobs' calls (`job` names whose turn it is)."""
         uids = uids or {}
-        list(self.pool.map(lambda n: self._delete_pod(namespace, n, uids.get(n), force), names))
+        slow_start(
+            self.gang,
+            (namespace, job),
+            lambda n: self._delete_pod(namespace, n, uids.get(n), force),
+            list(names),
+        )
 
     def _delete_pod(self, namespace: str, name: str, uid: str | None, force: bool) -> None:
         self._delete(self.core.delete_namespaced_pod, namespace, name, uid, force)
@@ -339,7 +371,7 @@ class Kube:
             if exc.status == 404:  # deleted since the 409: observe again
                 raise Conflict(f"{obj['kind']} {ns}/{name} went away") from None
             raise
-        problem = conflict(obj, existing, job_uid)
+        problem = conflict(obj, existing, job_uid, self.claim_key)
         if problem is not None:
             raise ChildConflict(problem)
         return existing
@@ -348,7 +380,8 @@ class Kube:
         """Get-or-create the non-pod children. An existing object is used only when it is the
         job's own (ChildConflict otherwise); the ConfigMap and the Role are then replaced, since
         a new attempt may run a changed spec (e.g. a resize while suspended) and new pods."""
-        for obj in objs:
+        key = self.claim_key
+        for obj in [sealed(o, key) if _retained(o) and key is not None else o for o in objs]:
             create, _, replace, _ = self._methods(obj["kind"])
             ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
             try:
@@ -429,8 +462,7 @@ class Kube:
             ("RoleBinding", rbac.list_namespaced_role_binding),
             ("Service", core.list_namespaced_service),
             ("NetworkPolicy", net.list_namespaced_network_policy),
-            ("Lease", self.coordination.list_namespaced_lease),
-        ):
+        ):  # not the progress Lease: the garbage collector removes it (no delete right)
             try:
                 items = call_json(list_, namespace, label_selector=selector).get("items") or []
             except ApiException as exc:
@@ -471,7 +503,8 @@ class Kube:
             resp.release_conn()
 
     # --- events
-    def event(self, job: Obj, type_: str, reason: str, message: str, now: datetime) -> None:
+    def event(self, job: Obj, type_: str, reason: str, message: str, now: datetime) -> str | None:
+        """Post an Event on the job; its name, or None when it could not be posted."""
         meta = job["metadata"]
         stamp = format_time(now)
         body = {
@@ -496,14 +529,17 @@ class Kube:
             "count": 1,
         }
         try:
-            call(self.core.create_namespaced_event, meta["namespace"], body)
+            made = json.loads(call(self.core.create_namespaced_event, meta["namespace"], body))
         except ApiException as exc:  # events are best effort; never block a reconcile on them
             log.warning("could not post event %s for %s: %s", reason, meta["name"], exc.reason)
+            return None
+        name = (made.get("metadata") or {}).get("name") if isinstance(made, dict) else None
+        return str(name) if name else None
 
-    @staticmethod
-    def _ignore_404(call: Any) -> None:
+    def bump_event(self, namespace: str, name: str, count: int, now: datetime) -> None:
+        """An event seen again: its count and lastTimestamp, not a new Event object."""
+        body = {"count": count, "lastTimestamp": format_time(now)}
         try:
-            call()
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+            call(self.core.patch_namespaced_event, name, namespace, body)
+        except ApiException as exc:  # best effort, as above
+            log.warning("could not update event %s/%s: %s", namespace, name, exc.reason)

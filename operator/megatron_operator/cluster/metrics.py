@@ -109,6 +109,19 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.reconcile_errors = Counter(
+            "megatron_operator_reconcile_errors_total",
+            "Reconciles that raised an operator error (a bug, not the apiserver's refusal), by "
+            "exception type: the job is retried with a backoff, its pods untouched",
+            ["exception"],
+            registry=r,
+        )
+        self.events_dropped = Counter(
+            "megatron_operator_events_dropped_total",
+            "Events not posted because their job exceeded its rate (a burst of 25, then one "
+            "per 5 minutes; repeats of one event only update its count)",
+            registry=r,
+        )
         # The checkpoint step each job's checkpoint_time belongs to (the gauge has no history).
         self._checkpoints: dict[tuple[str, str], int] = {}
         self._seen: set[tuple[str, str]] = set()  # jobs whose counters exist (at 0 or more)

@@ -16,11 +16,12 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from megatron_operator.api import SpecError, load_job
-from megatron_operator.cluster.kube import Conflict, Kube, call, call_json
+from megatron_operator.cluster.kube import ChildConflict, Conflict, Kube, call, call_json
 from megatron_operator.cluster.watch import WATCH_SECONDS, Watcher
 from megatron_operator.core import kueue
 from megatron_operator.core.kueue import WorkloadPhase
 from megatron_operator.core.names import LABEL_JOB_NAME
+from megatron_operator.core.observe import controller_uid
 from megatron_operator.core.queueing import QueueWorld, WorkloadActions
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,9 @@ class Queues:
         self.kube = kube
         self.custom = kube.custom
         self.scheduling = kubernetes.client.SchedulingV1Api(kube.client)
+        # The uid of each Workload last observed as the job's: deletes carry it as a
+        # precondition, so only that very object goes.
+        self.uids: dict[tuple[str, str], str] = {}
 
     # --- reads
     def observe(self, job: Mapping[str, Any]) -> QueueWorld | None:
@@ -83,11 +87,24 @@ class Queues:
         if not local_queue:
             return None
         namespace, uid = str(meta["namespace"]), str(meta.get("uid") or "")
-        # A job MultiKueue copied here runs under the Workload it made (a copy of the manager's).
+        # A job MultiKueue copied here runs under the Workload it made (a copy of the manager's,
+        # owned by the manager's job: its controller is not this copy).
         prebuilt = kueue.prebuilt_workload_of(
             meta.get("annotations") or {}, meta.get("labels") or {}
         )
-        raw = self.get(namespace, prebuilt or kueue.workload_name(str(meta["name"]), uid))
+        name = prebuilt or kueue.workload_name(str(meta["name"]), uid)
+        raw = self.get(namespace, name)
+        foreign = None
+        if raw is not None and not prebuilt and controller_uid(raw.get("metadata")) != uid:
+            # Someone else's object under our Workload's name: not read, used or deleted.
+            foreign = (
+                f"Workload {name} exists and is not this job's (its controller is not the job): "
+                "the operator neither uses nor deletes it; delete it, or re-create the job "
+                "under another name"
+            )
+            raw = None
+        if raw is not None:
+            self.uids[(namespace, name)] = str((raw.get("metadata") or {}).get("uid") or "")
         state = kueue.workload_state(raw) if raw is not None else None
         status = job.get("status") if isinstance(job.get("status"), dict) else {}
         assert isinstance(status, dict)
@@ -97,8 +114,8 @@ class Queues:
                 flavor = self._get_cluster(kueue.RESOURCE_FLAVOR_PLURAL, name)
                 if flavor is not None:  # a missing one is named by the merge's error
                     flavors[name] = flavor
-        priority, problem = None, None
-        if state is None or state.phase is WorkloadPhase.PENDING:
+        priority, problem = None, foreign
+        if foreign is None and (state is None or state.phase is WorkloadPhase.PENDING):
             priority, problem = self._priority(job)
         return QueueWorld(local_queue, raw, flavors, priority, problem)
 
@@ -174,7 +191,19 @@ class Queues:
         for cond in actions.conditions:
             self._apply_condition(namespace, actions.workload, cond)
 
-    def delete(self, namespace: str, name: str) -> None:
+    def delete(self, namespace: str, name: str, owner: str | None = None) -> None:
+        """Delete the job's Workload: by the uid last observed as the job's, or (`owner`: the
+        job's uid, once the job is gone) after checking its controller. 404 and 409 (the uid
+        precondition failed: another object has the name now) are done."""
+        uid = self.uids.pop((namespace, name), None)
+        if owner is not None:
+            raw = self.get(namespace, name)
+            if raw is None or controller_uid(raw.get("metadata")) != owner:
+                return  # gone, or not the deleted job's: not ours to delete
+            uid = str((raw.get("metadata") or {}).get("uid") or "") or None
+        if uid is None:
+            log.warning("%s: not deleting Workload %s: not observed as the job's", namespace, name)
+            return
         log.info("%s: deleting Workload %s", namespace, name)
         try:
             call(
@@ -184,10 +213,10 @@ class Queues:
                 namespace,
                 kueue.WORKLOAD_PLURAL,
                 name,
-                body={"propagationPolicy": "Background"},
+                body={"propagationPolicy": "Background", "preconditions": {"uid": uid}},
             )
         except ApiException as exc:
-            if exc.status != 404:
+            if exc.status not in (404, 409):
                 raise
 
     def _create(self, workload: Obj) -> None:
@@ -205,6 +234,16 @@ class Queues:
         except ApiException as exc:
             if exc.status != 409:
                 raise
+            # Already there: ours only if its controller is the job (an object someone else
+            # made under this name is a conflict the job shows, not a success).
+            existing = self.get(meta["namespace"], meta["name"])
+            owner = controller_uid(workload["metadata"])
+            if existing is not None and controller_uid(existing.get("metadata")) != owner:
+                raise ChildConflict(
+                    f"Workload {meta['name']} already exists and is not this job's: the "
+                    "operator does not modify, adopt or delete it. Delete it, or re-create "
+                    "the job under another name"
+                ) from None
 
     def _adopt(self, namespace: str, name: str, patch: Obj) -> None:
         """Take over a prebuilt Workload (a merge patch carrying its resourceVersion: a

@@ -10,9 +10,25 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta
 from typing import Any
 
 from megatron_operator.api.status import Phase
+
+
+class BadJobData(ValueError):
+    """The job's own data (its status, or a duration in its spec) cannot be processed: the only
+    error that may fail a job. Anything else the state machine raises is a bug of ours, which
+    the operator retries, loudly, without touching the job's pods."""
+
+
+def shift(when: datetime, seconds: float, what: str) -> datetime:
+    """`when` + `seconds`, or BadJobData naming `what` when the result is out of datetime's
+    range (a hand-written status.runningSince in year 9999, say)."""
+    try:
+        return when + timedelta(seconds=seconds)
+    except OverflowError:
+        raise BadJobData(f"{what} ({when.isoformat()}) plus {seconds:g}s is out of range") from None
 
 
 def _count(value: object, default: int = 0) -> int:
@@ -57,6 +73,8 @@ class JobStatus:
     restart_at: str | None = None
     workload: str | None = None
     uncounted_restart_times: list[str] | None = None  # restarts not counted, in the last hour
+    attempt_times: list[str] | None = None  # attempts started in the last hour (core/churn.py)
+    resume_times: list[str] | None = None  # resumes (spec.suspend back to false), last hour
     failed_nodes: list[str] | None = None  # where restarts' causes ran, since the gang was created
     local_queue: str | None = None
     cluster_queue: str | None = None
@@ -96,6 +114,8 @@ class JobStatus:
             restart_at=_text(doc.get("restartAt")),
             workload=_text(doc.get("workload")),
             uncounted_restart_times=_texts(doc.get("uncountedRestartTimes")),
+            attempt_times=_texts(doc.get("attemptTimes")),
+            resume_times=_texts(doc.get("resumeTimes")),
             failed_nodes=_texts(doc.get("failedNodes")),
             local_queue=_text(doc.get("localQueue")),
             cluster_queue=_text(doc.get("clusterQueue")),

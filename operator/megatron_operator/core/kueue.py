@@ -582,7 +582,7 @@ def condition(
     generation: int | None = None,
 ) -> Obj:
     """A metav1.Condition; lastTransitionTime stays the previous one unless the status flips."""
-    if not REASON_PATTERN.match(reason):
+    if not REASON_PATTERN.fullmatch(reason):
         raise KueueError(
             f"condition {type_}: reason {reason!r} is not CamelCase (Kueue rejects it)"
         )
@@ -700,7 +700,7 @@ def eviction_reset_patch(raw: Mapping[str, Any], now: datetime) -> Obj:
     if not version:
         raise KueueError("metadata.resourceVersion is missing: patch a Workload read back")
     reason = str(evicted.get("reason") or "Evicted")
-    if not REASON_PATTERN.match(reason):
+    if not REASON_PATTERN.fullmatch(reason):
         reason = "Evicted"
     message = str(evicted.get("message", ""))
     generation = _generation(raw)

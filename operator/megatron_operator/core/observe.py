@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from megatron_contract.bounds import INT64_MAX
 from megatron_contract.ladder import REPORT_ANNOTATION, Report, parse_report
-from megatron_contract.paths import PROGRESS_ANNOTATION, TERMINATION_MESSAGE_MAX
+from megatron_contract.paths import (
+    PROGRESS_ANNOTATION,
+    PROGRESS_RECORD_MAX,
+    TERMINATION_MESSAGE_MAX,
+)
 from megatron_operator.core.names import (
     ANNOTATION_RESTART_STRATEGY,
     CONTAINER_NAME,
@@ -24,27 +30,43 @@ from megatron_operator.core.names import (
 
 
 def parse_time(value: object) -> datetime | None:
-    """RFC 3339 → aware datetime, or None when absent or malformed."""
-    if not isinstance(value, str) or not value:
+    """RFC 3339 → aware datetime in UTC, or None when absent or malformed. Never raises: a
+    trainer's pod writes some of these (year 1 with a +23:59 offset would overflow when
+    converted later)."""
+    if not isinstance(value, str) or not value or len(value) > 64:
         return None
     text = value.strip().replace("Z", "+00:00")
     try:
         parsed = datetime.fromisoformat(text)
-    except ValueError:
+        return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def format_time(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _int(value: object) -> int | None:
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    if isinstance(value, int) and not isinstance(value, bool):
+# ASCII digits only, and no more than an int64 holds: `str.isdigit` is true for "²" and for
+# full-width digits, which `int()` then refuses or reads, and a 5,000-digit string makes `int()`
+# raise (Python's limit on int-from-str conversions).
+_INT_RE = re.compile(r"-?[0-9]{1,19}")
+
+
+def _int(value: object, low: int = -INT64_MAX - 1, high: int = INT64_MAX) -> int | None:
+    """An integer from JSON (or a label's text) within [low, high], else None. Never raises."""
+    if isinstance(value, str):
+        if not _INT_RE.fullmatch(value):
+            return None
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
         return value
     return None
+
+
+def _count(value: object) -> int | None:
+    """A non-negative integer that the apiserver can store (int64), else None."""
+    return _int(value, 0, INT64_MAX)
 
 
 @dataclass(frozen=True)
@@ -85,17 +107,20 @@ def _float(value: object) -> float | None:
 
 def parse_progress(text: object) -> Progress | None:
     """The record's JSON, or None when missing or not in the contract's shape (a record without
-    its attempt cannot be told from a late write of an old attempt, so it is not used)."""
-    if not isinstance(text, str):
+    its attempt cannot be told from a late write of an old attempt, so it is not used).
+
+    The trainer's pod writes it, so it is hostile input: never raises, and every number it
+    yields fits an int64 (the apiserver refuses a status holding a larger one)."""
+    if not isinstance(text, str) or len(text) > PROGRESS_RECORD_MAX:
         return None
     try:
         doc = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: deeply nested arrays
         return None
     if not isinstance(doc, dict):
         return None
-    attempt = _int(doc.get("attempt"))
-    iteration = _int(doc.get("iteration"))
+    attempt = _count(doc.get("attempt"))
+    iteration = _count(doc.get("iteration"))
     when = parse_time(doc.get("time"))
     if attempt is None or iteration is None or when is None:
         return None
@@ -105,7 +130,7 @@ def parse_progress(text: object) -> Progress | None:
         loss=_float(doc.get("loss")),
         tokens_per_second=_float(doc.get("tokensPerSecond")),
         mfu=_float(doc.get("mfu")),
-        checkpoint_iteration=_int(doc.get("checkpointIteration")),
+        checkpoint_iteration=_count(doc.get("checkpointIteration")),
         time=when,
     )
 
@@ -340,5 +365,7 @@ def node_not_ready_since(raw: dict[str, Any], now: datetime) -> datetime | None:
         if isinstance(cond, dict) and cond.get("type") == "Ready":
             if cond.get("status") == "True":
                 return None
-            return parse_time(cond.get("lastTransitionTime")) or now
+            since = parse_time(cond.get("lastTransitionTime"))
+            # A transition in the future means nothing (and would overflow a deadline).
+            return min(since, now) if since is not None else now
     return now  # no Ready condition at all: not ready

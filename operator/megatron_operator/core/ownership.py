@@ -9,13 +9,21 @@ particular is never reused, since user code would run with its rights.
 
 The one exception is a checkpoint claim the operator created and retained
 (`checkpoint.volume.create.retentionPolicy.whenDeleted: Retain`): it has no ownerReference by
-design and carries the job's name label, so a job re-created with the same name resumes from it.
+design, so a job re-created with the same name resumes from it. Labels prove nothing (anyone who
+may create claims in the namespace can set them, and a planted claim's checkpoints would run as
+the new job's code), so the operator seals the claims it creates: an annotation holding an HMAC
+of the namespace, the job's name and the claim's name under a key only the operator holds
+(`mjob operator --claim-key-file`; the chart always gives one). A retained claim is then reused
+only when its seal checks out. An operator run without a key trusts the labels, as before seals
+existed, and says so when it starts.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from megatron_operator.core.names import LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY
 from megatron_operator.core.observe import controller_uid
@@ -23,6 +31,22 @@ from megatron_operator.core.observe import controller_uid
 # Kinds the operator updates when they exist and are its own: a new attempt may run a changed
 # spec (the trainer config) or new pod names (the Role's resourceNames).
 UPDATED_KINDS = frozenset({"ConfigMap", "Role"})
+SEAL_ANNOTATION: Final = "megatron.dev/claim-seal"
+
+
+def claim_seal(key: bytes, namespace: str, job: str, claim: str) -> str:
+    """The seal of a claim the operator creates for `job` (HMAC-SHA256, hex)."""
+    message = f"megatron.dev/claim\0{namespace}\0{job}\0{claim}".encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def sealed(claim: Mapping[str, Any], key: bytes) -> dict[str, Any]:
+    """`claim` (a rendered PersistentVolumeClaim without a controller) with its seal added."""
+    meta = dict(claim.get("metadata") or {})
+    job = str((meta.get("labels") or {}).get(LABEL_JOB_NAME, ""))
+    seal = claim_seal(key, str(meta.get("namespace")), job, str(meta.get("name")))
+    meta["annotations"] = {**(meta.get("annotations") or {}), SEAL_ANNOTATION: seal}
+    return {**claim, "metadata": meta}
 
 
 def _controller(meta: Mapping[str, Any]) -> str:
@@ -32,22 +56,35 @@ def _controller(meta: Mapping[str, Any]) -> str:
     return "with no controller"
 
 
-def retained_claim(kind: str, meta: Mapping[str, Any], job: str) -> bool:
-    """A checkpoint claim retained from an earlier job of this name."""
+def retained_claim(
+    kind: str, meta: Mapping[str, Any], job: str, namespace: str, key: bytes | None
+) -> bool:
+    """A checkpoint claim the operator made for a job of this name: its seal checks out (or,
+    without a key, its labels say so)."""
     labels = meta.get("labels") or {}
-    return (
-        kind == "PersistentVolumeClaim"
-        and controller_uid(dict(meta)) is None
-        and labels.get(LABEL_JOB_NAME) == job
-        and labels.get(LABEL_MANAGED_BY) == MANAGED_BY
-    )
+    if (
+        kind != "PersistentVolumeClaim"
+        or controller_uid(dict(meta)) is not None
+        or labels.get(LABEL_JOB_NAME) != job
+        or labels.get(LABEL_MANAGED_BY) != MANAGED_BY
+    ):
+        return False
+    if key is None:
+        return True
+    seal = (meta.get("annotations") or {}).get(SEAL_ANNOTATION)
+    expected = claim_seal(key, namespace, job, str(meta.get("name")))
+    return isinstance(seal, str) and hmac.compare_digest(seal, expected)
 
 
 def conflict(
-    wanted: Mapping[str, Any], existing: Mapping[str, Any], job_uid: str | None
+    wanted: Mapping[str, Any],
+    existing: Mapping[str, Any],
+    job_uid: str | None,
+    key: bytes | None = None,
 ) -> str | None:
     """None when `existing` (found under the name of the child `wanted`) is the job's own, or
-    a retained claim of its name; otherwise what is wrong and what to do, for the condition."""
+    a retained claim of its name sealed with `key`; otherwise what is wrong and what to do, for
+    the condition."""
     meta: Mapping[str, Any] = existing.get("metadata") or {}
     kind = str(wanted.get("kind"))
     wanted_meta: Mapping[str, Any] = wanted.get("metadata") or {}
@@ -55,8 +92,16 @@ def conflict(
     job = str((wanted_meta.get("labels") or {}).get(LABEL_JOB_NAME, ""))
     if job_uid is None or controller_uid(dict(meta)) == job_uid:
         return None
-    if retained_claim(kind, meta, job):
+    namespace = str(wanted_meta.get("namespace"))
+    if retained_claim(kind, meta, job, namespace, key):
         return None
+    if kind == "PersistentVolumeClaim" and controller_uid(dict(meta)) is None:
+        return (
+            f"PersistentVolumeClaim {name} already exists with no controller, and the operator "
+            "did not seal it for a job of this name: it is not reused, since its checkpoints "
+            "would run as this job's code. If you trust it, "
+            f"name it in spec.checkpoint.volume.claimName. Delete or rename it otherwise"
+        )
     return (
         f"{kind} {name} already exists, {_controller(meta)}, and is not this job's: the operator "
         "does not modify, adopt or delete it, and the job does not start. Delete or rename that "

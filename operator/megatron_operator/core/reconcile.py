@@ -25,6 +25,7 @@ The same machine drives `mjob run --local`, over process groups instead of pods.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -34,7 +35,7 @@ from megatron_contract.ladder import Report
 from megatron_operator.api import FieldError, MegatronJob, MegatronJobSpec, SpecError, load_job
 from megatron_operator.api.status import ConditionType, EventType, Phase, Reason, Rung
 from megatron_operator.api.transitions import check_update
-from megatron_operator.core import ladder
+from megatron_operator.core import churn, ladder
 from megatron_operator.core.conditions import reason_of, set_condition, since
 from megatron_operator.core.failures import (
     Nodes,
@@ -44,7 +45,7 @@ from megatron_operator.core.failures import (
     startup_problem,
     startup_timeout,
 )
-from megatron_operator.core.jobstatus import JobStatus
+from megatron_operator.core.jobstatus import BadJobData, JobStatus, shift
 from megatron_operator.core.names import MASTER_NODE_RANK, pod_name
 from megatron_operator.core.observe import LeaseView, PodView, Progress, format_time, parse_time
 from megatron_operator.core.planner import Plan, plan
@@ -56,7 +57,7 @@ from megatron_operator.core.policy import (
     first_failure,
 )
 from megatron_operator.core.queueing import Queueing, QueueWorld, WorkloadActions
-from megatron_operator.core.render import children, pod
+from megatron_operator.core.render import children, pod, recorded_spec
 
 Obj = dict[str, Any]
 C = ConditionType
@@ -91,6 +92,9 @@ class World:
     # whose): nothing is created, and the job says so (core/ownership.py decides).
     conflict: str | None = None
     lease: LeaseView | None = None  # rank 0's progress Lease (None: not there yet)
+    # No progress copy into the status before this time (the shell's per-job rate limit: each
+    # copy is a full status write, and the trainer's pod decides how often the Lease changes).
+    progress_not_before: datetime | None = None
     # The job names a Kueue LocalQueue (and the operator runs with Kueue): its Workload.
     queue: QueueWorld | None = None
 
@@ -143,7 +147,12 @@ def _validate(
         except ValueError:
             old = None  # an unreadable record is not the user's fault: accept the new spec
         if old is not None:
-            errors = check_update(old, job.spec, suspended=phase == Phase.SUSPENDED)
+            # Compared as recorded (spec.env values as digests), or as an older operator
+            # recorded it (the values themselves).
+            suspended = phase == Phase.SUSPENDED
+            errors = check_update(old, recorded_spec(job.spec), suspended=suspended) and (
+                check_update(old, job.spec, suspended=suspended)
+            )
             if errors:
                 return None, None, errors
     return job, p, []
@@ -168,6 +177,9 @@ class _Machine:
         # Only the job's own pods: a foreign pod with our label is never counted or deleted.
         self.pods = [p for p in world.pods if self.mine(p)]
         self.queue = Queueing(world.queue, self, world.now) if world.queue is not None else None
+        # Finished, or suspended with every pod gone: nothing happens until the job changes, so
+        # no resync either (only its deadlines, e.g. the TTL). The shell ends the job's loop.
+        self.quiet = False
         self.current: list[PodView] = []  # the gang's pods, once `active` sorted them
 
     # --- helpers
@@ -221,8 +233,13 @@ class _Machine:
         for f in order:
             x = by_name.get(f.pod or "")
             if limit > 0 and x is not None and x.phase == "Failed" and not x.deleting:
-                kept = [n for n in self.st.kept_pods or [] if n != x.name]
+                before = self.st.kept_pods or []
+                kept = [n for n in before if n != x.name]
                 self.st.kept_pods = [*kept, x.name][-limit:]
+                # A pod past the limit is kept no more: delete it now (it may be of an older
+                # attempt, which no other delete of this restart reaches).
+                dropped = set(before) - set(self.st.kept_pods)
+                self.delete([p for p in self.pods if p.name in dropped])
                 return
         if limit == 0:
             self.st.kept_pods = None
@@ -279,7 +296,7 @@ class _Machine:
                 self.queue.suspended(self.w.pods)
             return self.done()
         if self.st.phase == Phase.SUSPENDED:
-            self.resume()
+            self.resume(job)
         if self.queue is not None and not self.queue.gate(job, p, self.w.pods):
             return self.done()  # Queued: no pod runs until Kueue admits the Workload
         self.active(job, p)
@@ -334,12 +351,13 @@ class _Machine:
         doomed = self.pods if phase == Phase.FAILED else [p for p in self.pods if p.active]
         self.delete(doomed)
         self.ttl(job)
+        self.quiet = True
 
     def ttl(self, job: MegatronJob) -> None:
         ttl = job.spec.ttl_seconds_after_finished
         done_at = parse_time(self.st.completion_time)
         if ttl is not None and done_at is not None:
-            expiry = done_at + timedelta(seconds=ttl)
+            expiry = shift(done_at, ttl, "status.completionTime")
             if self.now >= expiry:
                 self.out.delete_job = True
             else:
@@ -359,9 +377,20 @@ class _Machine:
                 EventType.NORMAL, Reason.SUSPENDED, "spec.suspend is true: stopping the pods"
             )
         self.cond(C.SUSPENDED, True, Reason.SUSPENDED, message)
+        queued = self.w.queue is not None and self.w.queue.workload is not None
+        self.quiet = not self.pods and not queued
 
-    def resume(self) -> None:
+    def resume(self, job: MegatronJob) -> None:
         # A fresh attempt (not a restart): pods of the suspended attempt may still be stopping.
+        # It counts toward the operator's floor and, from the second of the hour, follows the
+        # job's backoff (core/churn.py): toggling spec.suspend must not churn gangs.
+        attempts = churn.recent(self.st.attempt_times, self.now)
+        resumes = churn.recent(self.st.resume_times, self.now)
+        wait = churn.resume_seconds(job.spec.restart_policy, len(attempts), len(resumes))
+        stamp = format_time(self.now)
+        self.st.attempt_times = churn.recent([*attempts, stamp], self.now)
+        self.st.resume_times = churn.recent([*resumes, stamp], self.now)
+        self.st.restart_at = format_time(self.now + timedelta(seconds=wait))
         self.st.next_gang()
         self.st.phase = Phase.PENDING
         self.cond(C.SUSPENDED, False, Reason.RESUMED, "spec.suspend is false")
@@ -387,6 +416,8 @@ class _Machine:
 
         if self.st.phase == Phase.RESTARTING and not self.restart_wait_over(job, current, stale):
             return
+        if self.st.phase == Phase.PENDING and self.resume_held():
+            return
         self.create_missing(job, p, n, current, stale)
         if self.w.conflict is not None:
             self.blocked(self.w.conflict)
@@ -395,6 +426,17 @@ class _Machine:
             self.fail_or_restart(job, failures, current)
             return
         self.advance(p, n, current)
+
+    def resume_held(self) -> bool:
+        """A resumed job waits until status.restartAt (core/churn.py) before its new gang."""
+        start = parse_time(self.st.restart_at)
+        if start is None:
+            return False
+        if self.now < start:
+            self.deadlines.append(start)
+            return True
+        self.st.restart_at = None
+        return False
 
     def restart_wait_over(
         self, job: MegatronJob, current: list[PodView], stale: list[PodView]
@@ -410,7 +452,12 @@ class _Machine:
             return False  # step 2: wait until every pod of the failed gang is gone (but the kept)
         start = parse_time(self.st.restart_at)
         if start is None:
-            delay = backoff_seconds(job.spec.restart_policy, self.st.restarts - 1)
+            # The job's backoff, and the operator's floor over every attempt (core/churn.py).
+            before = len(churn.recent(self.st.attempt_times, self.now)) - 1
+            delay = max(
+                backoff_seconds(job.spec.restart_policy, self.st.restarts - 1),
+                churn.floor_seconds(before),
+            )
             start = self.now + timedelta(seconds=delay)
             self.st.restart_at = format_time(start)
         if self.now < start:
@@ -624,7 +671,7 @@ class _Machine:
         beat = self.heartbeat()
         if beat is not None:
             last = max(last, beat)
-        deadline = last + timedelta(seconds=timeout)
+        deadline = shift(last, timeout, "status.runningSince")
         if self.now < deadline:
             self.deadlines.append(deadline)
             return None
@@ -684,6 +731,8 @@ class _Machine:
         else:
             recent.append(format_time(self.now))
         self.st.uncounted_restart_times = recent or None
+        attempts = churn.recent(self.st.attempt_times, self.now)
+        self.st.attempt_times = churn.recent([*attempts, format_time(self.now)], self.now)
         lost = [x for x in current if x.name in {f.pod for f in failures if f.pod_lost}]
         if choice.rung == Rung.RECREATE:
             # Evidence: the failed pod stays (Failed, holding nothing). On the lower rungs the
@@ -710,7 +759,12 @@ class _Machine:
         if choice.rung == Rung.IN_PLACE:
             # Nothing to wait for before the backoff (no pod goes): it starts now, and the
             # release is due when it ends (no pod event would wake the job before that).
-            start = self.now + timedelta(seconds=backoff_seconds(policy, self.st.restarts - 1))
+            # The job's backoff, and the operator's floor over every attempt (core/churn.py).
+            delay = max(
+                backoff_seconds(policy, self.st.restarts - 1),
+                churn.floor_seconds(len(attempts)),
+            )
+            start = self.now + timedelta(seconds=delay)
             self.st.restart_at = format_time(start)
             self.deadlines.append(start)
 
@@ -806,6 +860,10 @@ class _Machine:
         # A new attempt's first record is always copied: it says the restart reached its step.
         if old.get("attempt") == prog.attempt and old_time is not None and old_time >= prog.time:
             return
+        hold = self.w.progress_not_before
+        if hold is not None and self.now < hold:
+            self.deadlines.append(hold)  # copy the newest record then
+            return
         self.st.progress = prog.to_status()
         train = job.spec.training
         self.st.progress_summary = summary(prog, train.train_iters if train else None)
@@ -815,10 +873,14 @@ class _Machine:
             self.out.workload = self.queue.settle(self.w.pods, self.current) or None
         self.out.status = self.st.to_raw()
         soonest = min(self.deadlines, default=None)
+        wait = math.inf
         if soonest is not None:
             wait = max((soonest - self.now).total_seconds(), 0.0) + 0.05
             self.out.requeue_after = min(self.out.requeue_after, wait)
-        if self.out.delete_pods or self.out.create:
+        busy = self.out.delete_pods or self.out.create or self.out.force_delete
+        if self.quiet and not busy:
+            self.out.requeue_after = wait if soonest is not None else math.inf
+        if busy:
             self.out.requeue_after = min(self.out.requeue_after, 5.0)
         return self.out
 
@@ -840,25 +902,29 @@ def summary(progress: Progress, train_iters: int | None) -> str:
 
 
 def reconcile(world: World, settings: Settings | None = None) -> Outcome:
-    """Decide the next status and actions for one job. Never raises on bad input: data that
-    still breaks the arithmetic (a progress time in year 9999, a hand-written status) fails
-    this job with a condition naming the error, rather than a traceback every few seconds."""
+    """Decide the next status and actions for one job. The job's own data that cannot be
+    processed (BadJobData: a hand-written status.runningSince in year 9999, say) fails this job
+    with a condition naming the error, rather than a traceback every few seconds.
+
+    Any other exception is a bug of ours and propagates: the shell retries it with a backoff and
+    a metric, and never fails the job or deletes its pods over it (a GPU job must not pay for
+    an operator bug)."""
     settings = settings or Settings()
     try:
         return _Machine(world, settings).run()
-    except (ArithmeticError, ValueError, TypeError, KeyError, AttributeError) as exc:
+    except BadJobData as exc:
         return _unprocessable(world, settings, exc)
 
 
-def _unprocessable(world: World, settings: Settings, exc: Exception) -> Outcome:
+def _unprocessable(world: World, settings: Settings, exc: BadJobData) -> Outcome:
     """The job fails (its pods are deleted: nothing may hold a GPU unwatched); the status
     keeps everything else, so a person can see what was wrong."""
     m = _Machine(replace(world, job={**world.job, "status": {}}), settings)
     m.st = JobStatus.read(world.job.get("status"))
     m.deadlines = []
     message = (
-        f"the operator cannot process this job's data ({type(exc).__name__}: {exc}); check "
-        "status.progress and the durations in the spec, then delete and re-create the job"
+        f"the operator cannot process this job's data ({exc}); check the status times and "
+        "the durations in the spec, then delete and re-create the job"
     )[:1000]
     if reason_of(m.st.conditions, C.FAILED) != Reason.BAD_JOB_DATA:
         m.finish(Phase.FAILED, Reason.BAD_JOB_DATA, message)

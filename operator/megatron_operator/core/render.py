@@ -7,8 +7,10 @@ is random, and the same inputs always give the same objects.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from megatron_contract import env as contract_env
@@ -25,6 +27,7 @@ from megatron_contract.paths import (
     SCRATCH_MOUNT,
 )
 from megatron_operator.api.job import API_VERSION, GROUP, KIND, PLURAL, MegatronJob
+from megatron_operator.api.spec import EnvVar, MegatronJobSpec
 from megatron_operator.core import network
 from megatron_operator.core.names import (
     ANNOTATION_LAYOUT,
@@ -117,9 +120,22 @@ def service(job: MegatronJob) -> Obj:
     }
 
 
+def recorded_spec(spec: MegatronJobSpec) -> MegatronJobSpec:
+    """The spec as the ConfigMap records it: each spec.env value replaced by its SHA-256. The
+    record only serves to compare a later spec with (api/transitions.py), and a ConfigMap is
+    readable by anyone with the namespace's `view` role, while a value may be a token."""
+    env = [
+        EnvVar.model_validate(
+            {"name": e.name, "value": "sha256:" + hashlib.sha256(e.value.encode()).hexdigest()}
+        )
+        for e in spec.env
+    ]
+    return spec.model_copy(update={"env": env})
+
+
 def config_map(job: MegatronJob, plan: Plan) -> Obj:
-    """The resolved trainer config, plus the spec it came from: the operator compares a later
-    spec with it to enforce which fields may change (api/transitions.py)."""
+    """The resolved trainer config, plus the spec it came from (`recorded_spec`): the operator
+    compares a later spec with it to enforce which fields may change (api/transitions.py)."""
     text = dumps(trainer_config(job, plan))
     return {
         "apiVersion": "v1",
@@ -127,7 +143,7 @@ def config_map(job: MegatronJob, plan: Plan) -> Obj:
         "metadata": _meta(job, config_map_name(job.name)),
         "data": {
             CONFIG_KEY: text,
-            SPEC_KEY: json.dumps(job.spec.to_api(), sort_keys=True),
+            SPEC_KEY: json.dumps(recorded_spec(job.spec).to_api(), sort_keys=True),
         },
     }
 
@@ -513,6 +529,16 @@ def children(job: MegatronJob, plan: Plan, *, isolate: bool = False) -> list[Obj
 def render(job: MegatronJob, plan: Plan, attempt: int = 0, *, isolate: bool = False) -> list[Obj]:
     """Every child object, in creation order: identity and config first, then pods."""
     return [*children(job, plan, isolate=isolate), *pods(job, plan, attempt)]
+
+
+def render_iter(
+    job: MegatronJob, plan: Plan, attempt: int = 0, *, isolate: bool = False
+) -> Iterator[Obj]:
+    """`render`, one object at a time: `mjob render` of a 4,096-pod job writes each pod as it is
+    rendered instead of holding them all (and their YAML) in memory."""
+    yield from children(job, plan, isolate=isolate)
+    for n in range(plan.nodes):
+        yield pod(job, plan, n, attempt)
 
 
 def as_list(objs: list[Obj]) -> Obj:

@@ -22,7 +22,7 @@ class Injection:
 
 def _signal(text: str) -> int:
     name = text.upper()
-    if name.isdigit():
+    if name.isascii() and name.isdigit() and len(name) <= 3:
         return signal.Signals(int(name)).value
     if not name.startswith("SIG"):
         name = "SIG" + name
@@ -88,6 +88,7 @@ def rank_pids(roots: list[int]) -> dict[int, int]:
             worker = any("megatron_trainer.worker" in c for c in cmd)
             if (
                 rank is not None
+                and rank.isascii()
                 and rank.isdigit()
                 and (worker or parent == root)
                 and not _waiting_standby(child.pid, cmd)

@@ -27,6 +27,7 @@ from megatron_contract.env import (
     STATUS_FILE,
 )
 from megatron_contract.paths import CHECKPOINT_MOUNT, CONFIG_KEY, DATA_MOUNT, INIT_MOUNT
+from megatron_operator.api import FieldError, MegatronJobSpec
 from megatron_operator.core.names import ANNOTATION_RESTART_STRATEGY
 
 
@@ -108,6 +109,53 @@ def local_config(objs: list[dict[str, Any]], layout: Layout) -> dict[str, Any]:
     if config.get("training"):  # a trainer.command job may have no training section
         config["training"]["logInterval"] = 1
     return config
+
+
+# spec.env reaches the host's processes under `mjob run --local`: these names make a process
+# load code from wherever they point (the dynamic linker, the interpreter, the shell, torch's
+# compiled caches, NCCL's plugins). In a pod they only affect the job's own container; on a
+# laptop or a login node they run the YAML author's code as the user who ran it.
+HOST_CODE_PREFIXES = ("LD_", "DYLD_", "PYTHON", "GLIBC_", "TORCHINDUCTOR_", "TRITON_")
+HOST_CODE_NAMES = frozenset(
+    {
+        "PATH",
+        "BASH_ENV",
+        "ENV",
+        "SHELLOPTS",
+        "PS4",
+        "IFS",
+        "PERL5LIB",
+        "PERL5OPT",
+        "RUBYOPT",
+        "RUBYLIB",
+        "NODE_OPTIONS",
+        "GCONV_PATH",
+        "LOCPATH",
+        "NLSPATH",
+        "HOSTALIASES",
+        "JAVA_TOOL_OPTIONS",
+        "_JAVA_OPTIONS",
+        "TORCH_EXTENSIONS_DIR",
+        "NCCL_NET_PLUGIN",
+        "NCCL_TUNER_PLUGIN",
+        "NCCL_PROFILER_PLUGIN",
+        "CUDA_INJECTION64_PATH",
+    }
+)
+
+
+def host_env_problems(spec: MegatronJobSpec) -> list[FieldError]:
+    """The spec.env entries that would load code on this host under `mjob run --local`."""
+    return [
+        FieldError(
+            f"spec.env[{i}].name",
+            f"{e.name} makes a local process load code from where it points, and `mjob run "
+            "--local` runs on this machine: remove it, or pass --trust-env if you wrote this "
+            "file yourself",
+        )
+        for i, e in enumerate(spec.env)
+        if e.name.upper() in HOST_CODE_NAMES or e.name.upper().startswith(HOST_CODE_PREFIXES)
+    ]
 
 
 def _env_value(item: dict[str, Any], pod: dict[str, Any]) -> str | None:

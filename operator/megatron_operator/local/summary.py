@@ -70,7 +70,7 @@ def complete_checkpoints(directory: Path | str) -> list[int]:
         return []
     out = []
     for child in directory.iterdir():
-        m = ITER_DIR_RE.match(child.name)
+        m = ITER_DIR_RE.fullmatch(child.name)
         if m and (child / "metadata.json").exists() and (child / ".metadata").exists():
             out.append(int(m.group(1)))
     return sorted(out)
