@@ -152,8 +152,13 @@ class Cluster:
         status.conditions yet, and `kubectl wait` then fails at once ("accessor error: <nil>")
         instead of waiting, so the condition is polled here."""
         deadline = time.monotonic() + timeout
-        jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
-        while self.kubectl("get", f"crd/{name}", "-o", jsonpath).stdout.strip() != "True":
+        while True:
+            conditions = self.kubectl_json("get", f"crd/{name}").get("status", {}).get("conditions")
+            if any(
+                c.get("type") == "Established" and c.get("status") == "True"
+                for c in conditions or ()
+            ):
+                return
             assert time.monotonic() < deadline, f"CRD {name} not Established in {timeout:.0f} s"
             time.sleep(0.5)
 

@@ -212,15 +212,17 @@ def test_the_admission_policy_holds_the_template_allow_lists(
         "install", release, CHART, "-n", namespace, "--wait=false",
         "--set", "crds.install=false",
         "--set", "admissionPolicy.enabled=true",
-        "--set", "admissionPolicy.imagePrefixes={registry.example/,trainer:}",
-        "--set", "admissionPolicy.template.allowedFields={volumes,containers,initContainers,imagePullSecrets}",
+        "--set", "admissionPolicy.images.allowed={registry.example/*,docker.io/library/trainer}",
+        "--set", "admissionPolicy.images.requirePullPolicyAlways=true",
+        "--set", "admissionPolicy.scheduling.allowedNodeSelectorKeys={nvidia.com/gpu.product}",
+        "--set", "admissionPolicy.template.allowedFields={volumes,containers,initContainers,imagePullSecrets,nodeSelector,tolerations}",
         "--set", "admissionPolicy.template.allowedSchedulerNames={default-scheduler}",
     )  # fmt: skip
     policy = f"{release}-megatron-operator-limits"
     try:
 
         def attempt(template: dict[str, Any]) -> str:
-            doc = tiny_gpu_job("vap", nodes=1, template=template)
+            doc = tiny_gpu_job("vap", nodes=1, imagePullPolicy="Always", template=template)
             proc = cluster.kubectl(
                 "create", "--dry-run=server", "-n", namespace, "-f", "-",
                 input=yaml.safe_dump(doc), check=False,
@@ -239,7 +241,44 @@ def test_the_admission_policy_holds_the_template_allow_lists(
             ),
             "a sidecar from elsewhere": (
                 {"spec": {"containers": [{"name": "x", "image": "docker.io/evil:1"}]}},
-                "spec.template.spec.containers: an image is not from an allowed registry",
+                "spec.template.spec: an init or sidecar container's image is not from an allowed",
+            ),
+            # A prefix match would let this one through: the repository is read as a whole.
+            "a look-alike registry": (
+                {
+                    "spec": {
+                        "initContainers": [
+                            {
+                                "name": "x",
+                                "image": "registry.example.evil.io/x:1",
+                                "imagePullPolicy": "Always",
+                            }
+                        ]
+                    }
+                },
+                "spec.template.spec: an init or sidecar container's image is not from an allowed",
+            ),
+            "a sidecar from a node's cache": (
+                {
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "x",
+                                "image": "registry.example/x:1",
+                                "imagePullPolicy": "IfNotPresent",
+                            }
+                        ]
+                    }
+                },
+                "needs imagePullPolicy Always",
+            ),
+            "every taint tolerated": (
+                {"spec": {"tolerations": [{"operator": "Exists"}]}},
+                "spec.template.spec.tolerations: each toleration must match one",
+            ),
+            "another pool's nodes": (
+                {"spec": {"nodeSelector": {"team": "other"}}},
+                "spec.template.spec.nodeSelector: only these node label keys",
             ),
         }
         for name, (template, message) in cases.items():
@@ -248,7 +287,17 @@ def test_the_admission_policy_holds_the_template_allow_lists(
         allowed = {
             "spec": {
                 "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "lustre"}}],
-                "containers": [{"name": "x", "image": "registry.example/exporter:1"}],
+                "containers": [
+                    {
+                        "name": "x",
+                        "image": "registry.example/exporter:1",
+                        "imagePullPolicy": "Always",
+                    }
+                ],
+                "tolerations": [
+                    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                ],
+                "nodeSelector": {"nvidia.com/gpu.product": "H100"},
             }
         }
         assert attempt(allowed) == ""
