@@ -280,6 +280,8 @@ def test_the_operator_floor_spaces_fast_restart_loops() -> None:
                 "maxRestarts": 10000,
                 "backoffSeconds": 0,
                 "maxBackoffSeconds": 0,
+                # No kept pod: the loop fails "the pod of rank 0", and a kept failed pod of an
+                # earlier attempt would be found first (failing it again changes nothing).
                 "keepFailedPods": 0,
             }
         }
@@ -529,6 +531,8 @@ def test_uncounted_restarts_are_recorded_and_count_past_the_cap() -> None:
                 "maxRestarts": 100,
                 "backoffSeconds": 0,
                 "maxBackoffSeconds": 0,
+                # No kept pod: the loop fails "the pod of rank 0", and a kept failed pod of an
+                # earlier attempt would be found first (failing it again changes nothing).
                 "keepFailedPods": 0,
             }
         }
