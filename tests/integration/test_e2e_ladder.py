@@ -43,6 +43,12 @@ def uids(c: RealCluster, ns: str, job: str) -> dict[str, str]:
     }
 
 
+def newest_checkpoint(logs: Rank0Logs) -> int:
+    """The newest complete checkpoint rank 0 has reported (0: none yet)."""
+    with logs.lock:
+        return max((r.get("checkpointIteration") or 0 for r in logs.records), default=0)
+
+
 def where_pods_wait(c: RealCluster, ns: str) -> str:
     """The namespace's pods, their nodes and the events: why a pod is not Running."""
     pods = c.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False)
@@ -80,6 +86,9 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
             wait_phase(c, ns, "ladder", {"Running"}, 300)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{where_pods_wait(c, ns)}") from None
+        # Killed once a checkpoint is complete (the first save takes the longest), so that the
+        # next attempt must load it: a restart that lost its checkpoints starts at iteration 1.
+        c.wait(lambda: newest_checkpoint(logs) >= 5, 300, 0.2, "a complete checkpoint")
         c.wait(lambda: logs.iteration() >= 8, 300, 0.2, "iteration 8 in rank 0's log")
         first = uids(c, ns, "ladder")
         assert set(first) == {"0", "1"}
@@ -88,13 +97,15 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
             for p in pods_of(c, ns, "ladder")
             if p["metadata"]["labels"][RANK_LABEL] == "0"
         )
+        saved = newest_checkpoint(logs)
         killed = c.kill_process(ns, pod0, "megatron_trainer.worker", RANK="1")
         assert killed["signal"] == "SIGKILL" and "megatron_trainer.worker" in killed["command"]
         at = logs.iteration()
 
         # 1. In place: the same pods (UIDs), restarts 1, rung InPlace; attempt 1 trains.
         resumed = wait_attempt_step(c, logs, attempt=1, after=0)
-        assert resumed["iteration"] <= at + 1, (resumed, at)  # from a checkpoint, not step 0
+        # From the newest complete checkpoint (or a newer one saved before the kill landed).
+        assert saved + 1 <= resumed["iteration"] <= at + 1, (resumed, saved, at)
         st = job_status(c, ns, "ladder")
         assert st["restarts"] == 1 and st["restartAttempt"] == 1, st
         assert st["lastFailure"]["rung"] == "InPlace", st["lastFailure"]
@@ -110,11 +121,12 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
             for p in pods_of(c, ns, "ladder")
             if p["metadata"]["labels"][RANK_LABEL] == "1"
         )
+        saved = newest_checkpoint(logs)
         out = c.kill_container(ns, pod1, "KILL")
         assert out["signal"] == "SIGKILL"
         at = logs.iteration()
         resumed = wait_attempt_step(c, logs, attempt=2, after=0)
-        assert resumed["iteration"] <= at + 1
+        assert saved + 1 <= resumed["iteration"] <= at + 1, (resumed, saved, at)
         st = job_status(c, ns, "ladder")
         assert st["restarts"] == 2 and st["lastFailure"]["rung"] == "ReplacePod", st
         now = uids(c, ns, "ladder")

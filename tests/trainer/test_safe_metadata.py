@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemWriter, save
+from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 
 from megatron_trainer.checkpoint import scan
 from megatron_trainer.safe_metadata import MetadataError, SafeReader, read_metadata
@@ -63,6 +65,46 @@ def test_real_metadata_reads_and_a_planted_one_is_refused(tmp_path: Path) -> Non
     assert found.complete == [1]
     assert "refused to load" in found.broken[0][1]
     assert not marker.exists()
+
+
+def test_enum_members_pickled_by_name_read_and_nothing_else_through_getattr(
+    tmp_path: Path,
+) -> None:
+    """Debian's Python 3.11.2 (the trainer image) pickles an enum member as
+    getattr(EnumClass, NAME): every TensorProperties' memory format. Such a checkpoint reads;
+    getattr on anything but a checkpoint metadata enum is refused."""
+    good = tmp_path / "ckpt" / "iter_0000001"
+    _real_checkpoint(good)
+    members = {_MEM_FORMAT_ENCODING, WriteItemType, LoadItemType}
+    saved = {cls: cls.__dict__.get("__reduce_ex__") for cls in members}
+    meta = read_metadata(good)
+    try:
+        for cls in members:
+            cls.__reduce_ex__ = lambda self, proto: (getattr, (type(self), self.name))  # type: ignore[method-assign,assignment]
+        data = pickle.dumps(meta)
+    finally:
+        for cls, reduce in saved.items():
+            if reduce is None:
+                del cls.__reduce_ex__
+            else:
+                cls.__reduce_ex__ = reduce  # type: ignore[method-assign]
+    assert b"getattr" in data
+    (good / ".metadata").write_bytes(data)
+    again = read_metadata(good)
+    assert again.state_dict_metadata["w"].properties.memory_format == torch.contiguous_format
+    assert scan(tmp_path / "ckpt").complete == [1]
+
+    class Hostile:
+        """getattr on a class the reader allows, but no enum: Path.home, a callable."""
+
+        def __reduce__(self) -> tuple[object, tuple[object, str]]:
+            return (getattr, (Path, "home"))
+
+    bad = tmp_path / "ckpt" / "iter_0000002"
+    bad.mkdir()
+    (bad / ".metadata").write_bytes(pickle.dumps(Hostile()))
+    with pytest.raises(MetadataError, match="refused getattr"):
+        read_metadata(bad)
 
 
 def test_mjob_export_never_runs_a_planted_metadata(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ layout helper); any other global is refused with an error naming it.
 
 from __future__ import annotations
 
+import enum
 import io
 import pickle
 from pathlib import Path
@@ -55,10 +56,29 @@ class MetadataError(Exception):
     """`.metadata` holds something a checkpoint's metadata never does."""
 
 
+def _enum_member(cls: Any, name: Any) -> Any:
+    """What `builtins.getattr` may do in a `.metadata`: name a member of one of the enums above.
+
+    Some Python 3.11 releases (Debian's 3.11.2, in the trainer image) pickle an enum member as
+    `getattr(EnumClass, "NAME")` instead of `EnumClass(value)`; torch's TensorProperties holds
+    one (`_MEM_FORMAT_ENCODING`). Refusing that refused every checkpoint those ranks wrote, and
+    the resume scan deleted them all as incomplete."""
+    allowed = isinstance(cls, type) and issubclass(cls, enum.Enum)
+    if not allowed or cls.__name__ not in _MODULES.get(cls.__module__, ()):
+        raise MetadataError(
+            f"refused getattr on {cls!r}: only a member of a checkpoint metadata enum may be named"
+        )
+    if not isinstance(name, str) or name not in cls.__members__:
+        raise MetadataError(f"{cls.__name__} has no member {name!r}")
+    return cls[name]
+
+
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if name in _MODULES.get(module, ()):
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if module == "torch" and (
             name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)
         ):
