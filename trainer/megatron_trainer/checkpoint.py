@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +107,12 @@ def incomplete_reason(path: str | Path) -> str | None:
     for name in ("metadata.json", ".metadata", "common.pt"):
         if store.size(store.join(path, name)) is None:
             return f"{name} is missing (the save was interrupted)"
+    from .safe_metadata import MetadataError
+
     try:
         metadata = read_metadata(path)
+    except MetadataError:
+        raise  # refused by policy, not an interrupted save: the scan keeps it (see `scan`)
     except Exception as err:  # a truncated pickle raises anything from EOFError to ValueError
         return f".metadata is unreadable ({type(err).__name__}: {err})"
     needed: dict[str, int] = {}
@@ -128,10 +132,16 @@ def incomplete_reason(path: str | Path) -> str | None:
 class Scan:
     complete: list[int]
     broken: list[tuple[str, str]]  # incomplete or truncated directories, with the reason
+    # Directories whose .metadata the restricted reader refused: never resumed from, and never
+    # deleted either (a reader too strict for a real checkpoint once made the scan delete every
+    # checkpoint a job had; what we cannot judge is not ours to destroy).
+    refused: list[tuple[str, str]] = field(default_factory=list)
 
 
 def scan(root: str | Path) -> Scan:
-    complete, broken = [], []
+    from .safe_metadata import MetadataError
+
+    complete, broken, refused = [], [], []
     root = str(root)
     store = storage_for(root)
     for name in store.names(root):
@@ -139,12 +149,16 @@ def scan(root: str | Path) -> Scan:
         path = store.join(root, name)
         if iteration is None or not store.is_dir(path):
             continue
-        reason = incomplete_reason(path)
+        try:
+            reason = incomplete_reason(path)
+        except MetadataError as err:
+            refused.append((path, str(err)))
+            continue
         if reason is None:
             complete.append(iteration)
         else:
             broken.append((path, reason))
-    return Scan(sorted(complete), broken)
+    return Scan(sorted(complete), broken, refused)
 
 
 def remove_dir(path: str | Path) -> None:
@@ -333,6 +347,8 @@ class Checkpointer:
             for path, reason in found.broken:
                 log.warning("checkpoint %s is incomplete: %s; deleting it", path, reason)
                 remove_dir(path)
+            for path, reason in found.refused:
+                log.warning("checkpoint %s is skipped, not deleted: %s", path, reason)
             if not self.ckpt.load and found.complete:
                 self._discard(found.complete)
             elif found.complete:
