@@ -70,8 +70,10 @@ class Op:
         log.close()
         self.wait_ready()
 
-    def wait_ready(self, timeout: float = 60) -> None:
-        """Ready when /readyz says so: kopf started and every watch has listed what exists."""
+    def wait_ready(self, timeout: float = 180) -> None:
+        """Ready when /readyz says so: kopf started and every watch has listed what exists.
+        Seconds on a quiet machine; the bound is for a loaded CI machine, where starting Python
+        and listing every watch once took over a minute."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc is not None

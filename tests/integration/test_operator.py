@@ -6,6 +6,7 @@ cluster driver (kwok chaos stages, the Eviction API).
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -324,17 +325,18 @@ def test_job_body_keeps_no_kopf_state_in_status(
     assert not body["metadata"].get("finalizers")
 
 
-def test_pods_the_apiserver_rejects_fail_the_job_not_loop(
+def test_a_request_above_its_limit_is_refused_at_admission(
     cluster: Cluster, namespace: str, operator: Op
 ) -> None:
-    # Neither the CRD nor the planner compares requests with limits; the apiserver's pod
-    # validation does (a request above its limit is invalid).
+    # The apiserver's pod validation refuses a request above its limit; the CRD refuses such a
+    # job first, by name, so no pod is ever tried. (A pod the apiserver refuses for a reason the
+    # CRD cannot see is test_operator_open_pods.py's CreateFailure case.)
     doc = tiny_gpu_job(
         "badlabel", nodes=1, resources={"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}
     )
-    cluster.apply(doc, namespace)
-    st = wait_phase(cluster, namespace, "badlabel", "Failed", timeout=60)
-    cond = condition(st, "Failed")
-    assert cond is not None and cond["reason"] == "InvalidSpec"
-    assert "apiserver rejected" in cond["message"] and "limit" in cond["message"]
+    proc = cluster.kubectl(
+        "apply", f"--namespace={namespace}", "-f", "-", input=json.dumps(doc), check=False
+    )
+    assert proc.returncode != 0
+    assert "spec.resources.requests" in proc.stderr and "above its limit" in proc.stderr
     assert pods(cluster, namespace, "badlabel") == []

@@ -189,7 +189,9 @@ def test_progress_follows_the_lease_and_a_stale_renew_time_is_a_hang(
     cluster: Cluster, namespace: str, operator: Op
 ) -> None:
     ns = namespace
-    cluster.apply(tiny_gpu_job("hang", nodes=2, restartPolicy={"hangTimeoutSeconds": 8}), ns)
+    # 20 s: each heartbeat below is a kubectl call, which takes seconds on a loaded machine; a
+    # gap between two of them longer than the timeout would be a real hang to the operator.
+    cluster.apply(tiny_gpu_job("hang", nodes=2, restartPolicy={"hangTimeoutSeconds": 20}), ns)
     wait_pods(cluster, ns, "hang", 2, phase="Running", attempt=0)
     wait_phase(cluster, ns, "hang", "Running")
     # Fresh heartbeats keep it alive well past the timeout, and status.progress follows.
@@ -212,7 +214,7 @@ def test_progress_follows_the_lease_and_a_stale_renew_time_is_a_hang(
     wait_pods(cluster, ns, "hang", 2, attempt=1, timeout=60)
     st = status(cluster, ns, "hang")
     assert st["lastFailure"]["reason"] == "Hang", st["lastFailure"]
-    assert "hangTimeoutSeconds 8" in st["lastFailure"]["message"]
+    assert "hangTimeoutSeconds 20" in st["lastFailure"]["message"]
     assert st["restartsCounted"] == 1
     assert time.monotonic() - started < 30
     # Attempt 1 runs. A late write of attempt 0 (a pod still stopping) is not its progress;
