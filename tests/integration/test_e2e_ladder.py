@@ -88,7 +88,7 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
             raise AssertionError(f"{exc}\n{where_pods_wait(c, ns)}") from None
         # Killed once a checkpoint is complete (the first save takes the longest), so that the
         # next attempt must load it: a restart that lost its checkpoints starts at iteration 1.
-        c.wait(lambda: newest_checkpoint(logs) >= 5, 300, 0.2, "a complete checkpoint")
+        c.wait(lambda: newest_checkpoint(logs) >= 5, 600, 0.2, "a complete checkpoint")
         c.wait(lambda: logs.iteration() >= 8, 300, 0.2, "iteration 8 in rank 0's log")
         first = uids(c, ns, "ladder")
         assert set(first) == {"0", "1"}
