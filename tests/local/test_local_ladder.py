@@ -22,6 +22,8 @@ pytestmark = pytest.mark.trainer
 # Two "pods" of one rank each (data parallel 2), so there is a pod to replace.
 TWO_PODS = ["--set", "resources.nodes=2", "--set", "resources.procsPerNode=1"]
 TWO_PODS += ["--set", "parallelism.tensor=1", "--set", "checkpoint.keep=0"]
+# Two nodes share the checkpoint volume (the example asks for ReadWriteOnce: one node).
+TWO_PODS += ["--set", 'checkpoint.volume.create.accessModes=["ReadWriteMany"]']
 
 
 def run(workdir: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
