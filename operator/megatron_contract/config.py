@@ -255,8 +255,23 @@ class CommandConfig:
     args: tuple[str, ...]  # may be empty
 
 
+class _Placed:
+    """What TrainerConfig and LaunchConfig derive alike from their resources section."""
+
+    resources: ResourcesConfig
+
+    @property
+    def platform(self) -> str:
+        """`cpu` (gloo) for accelerator "none", else `cuda` (NCCL)."""
+        return "cpu" if self.resources.accelerator == CPU else "cuda"
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.nodes * self.resources.procs_per_node
+
+
 @dataclass(frozen=True)
-class TrainerConfig:
+class TrainerConfig(_Placed):
     """The built-in trainer's config: every section present, `trainer` null."""
 
     job: JobInfo
@@ -271,15 +286,6 @@ class TrainerConfig:
     trainer: CommandConfig | None
 
     @property
-    def platform(self) -> str:
-        """`cpu` (gloo) for accelerator "none", else `cuda` (NCCL)."""
-        return "cpu" if self.resources.accelerator == CPU else "cuda"
-
-    @property
-    def world_size(self) -> int:
-        return self.resources.nodes * self.resources.procs_per_node
-
-    @property
     def model_json(self) -> dict[str, Any]:
         """The "model" section as JSON, for checkpoint fingerprints."""
         body: dict[str, Any] = to_json(self.model)
@@ -287,7 +293,7 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True)
-class LaunchConfig:
+class LaunchConfig(_Placed):
     """The same document as the launcher reads it, whichever code the ranks run: with a
     trainer.command, model, training and data are null unless the spec gave them (the command
     may read them). The fields are TrainerConfig's (tests/contract checks it)."""
@@ -302,14 +308,6 @@ class LaunchConfig:
     progress: ProgressConfig
     profiling: ProfilingConfig | None
     trainer: CommandConfig | None
-
-    @property
-    def platform(self) -> str:
-        return "cpu" if self.resources.accelerator == CPU else "cuda"
-
-    @property
-    def world_size(self) -> int:
-        return self.resources.nodes * self.resources.procs_per_node
 
 
 # ---------------------------------------------------------------------------------------------
