@@ -28,16 +28,33 @@ def xdist_group(item: pytest.Item) -> str | None:
         return None
     if "real_cluster" in getattr(item, "fixturenames", ()):
         return "real-nodes"
-    return None
+    # A module's own `pytest.mark.xdist_group` (its cluster is module-scoped and heavy).
+    names = sorted({str(m.args[0]) for m in item.iter_markers("xdist_group") if m.args})
+    return "_".join(names) or None
 
 
-# Before xdist's own hook, which reads the marks to put the group into each node id: a mark
-# added after it is never seen, and every worker then starts a real cluster of its own.
+def _join_group(item: pytest.Item, group: str) -> None:
+    """Put the item in an xdist `loadgroup` group: xdist reads the group from the node id's
+    `@group` suffix. xdist 3.8 writes that suffix into `item._nodeid`, which pytest 9.2 no
+    longer reads (the id lives in `item._id`): its own mark would be silently ignored, and
+    every worker would start a real cluster of its own. So the suffix is written here, the way
+    the running pytest keeps it, no mark is added here."""
+    tagged = f"{item.nodeid}@{group}"
+    if isinstance(getattr(item, "_id", None), str) or not hasattr(item, "_id"):
+        item._nodeid = tagged  # type: ignore[attr-defined]  # pytest < 9.2
+        return
+    from _pytest.nodeid import NodeId  # pytest >= 9.2
+
+    item._id = NodeId.parse(tagged)  # type: ignore[attr-defined]
+
+
+# Before xdist's own hook, so that the ids the workers report carry the group.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist"):
+    # On a worker xdist has set `dist` to "no" and kept the choice in `loadgroup`.
+    if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
         group = xdist_group(item)
         if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+            _join_group(item, group)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import kubernetes
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -217,16 +218,32 @@ def test_random_specs_end_valid_or_invalidspec(
         assert "Traceback" not in logs, logs[-3000:]
         assert "failed with an exception" not in logs, logs[-3000:]
     finally:
-        # Delete while the operator runs, so its finalizer is removed and nothing lingers.
-        start = time.monotonic()
-        custom.delete_collection_namespaced_custom_object(*CR, namespace, PLURAL)
-        cluster.wait(
-            lambda: (
-                not custom.list_namespaced_custom_object(*CR, namespace, PLURAL, limit=1)["items"]
-            ),
-            600,
-            interval=2,
-            what="every fuzz job deleted",
-        )
-        print(f"deleted {len(docs)} fuzz jobs in {time.monotonic() - start:.1f}s")
-        op.stop()
+        try:
+            # Delete while the operator runs, so its finalizer is removed and nothing lingers.
+            start = time.monotonic()
+            _delete_all(custom, namespace)
+            cluster.wait(
+                lambda: (
+                    not custom.list_namespaced_custom_object(*CR, namespace, PLURAL, limit=1)[
+                        "items"
+                    ]
+                ),
+                600,
+                interval=2,
+                what="every fuzz job deleted",
+            )
+            print(f"deleted {len(docs)} fuzz jobs in {time.monotonic() - start:.1f}s")
+        finally:
+            op.stop()  # even when the cleanup fails: a running operator would outlive the test
+
+
+def _delete_all(custom: Any, namespace: str) -> None:
+    """DELETE the collection. On a loaded machine the apiserver may answer 504 (its 60 s request
+    timeout) while it still deletes: the call is idempotent, so it is made again."""
+    for tries_left in range(3, 0, -1):
+        try:
+            custom.delete_collection_namespaced_custom_object(*CR, namespace, PLURAL)
+            return
+        except kubernetes.client.exceptions.ApiException as exc:
+            if exc.status not in (500, 503, 504) or tries_left == 1:
+                raise

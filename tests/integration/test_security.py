@@ -145,7 +145,7 @@ def test_ttl_keeps_the_created_claim_and_a_new_job_of_that_name_reuses_it(
     cluster.apply(tiny_gpu_job(name, nodes=1, ttlSecondsAfterFinished=1), ns)
     _finish(cluster, ns, name)
     claim = cluster.kubectl_json("get", "pvc", "-n", ns, f"{name}-checkpoints")["metadata"]
-    cluster.wait(lambda: not _exists(cluster, ns, "mj", name), 30, what="TTL deleting the job")
+    cluster.wait(lambda: not _exists(cluster, ns, "mj", name), 60, what="TTL deleting the job")
     # the job's owned children go (the operator's cleanup, or the garbage collector) ...
     cluster.wait(
         lambda: not _exists(cluster, ns, "configmap", f"{name}-config"), 45, what="children gone"
@@ -175,7 +175,7 @@ def test_ttl_with_when_deleted_delete_removes_the_claim(
     doc = tiny_gpu_job(name, nodes=1, ttlSecondsAfterFinished=1, checkpoint={"volume": volume})
     cluster.apply(doc, ns)
     _finish(cluster, ns, name)
-    cluster.wait(lambda: not _exists(cluster, ns, "mj", name), 30, what="TTL deleting the job")
+    cluster.wait(lambda: not _exists(cluster, ns, "mj", name), 60, what="TTL deleting the job")
     cluster.wait(
         lambda: not _exists(cluster, ns, "pvc", f"{name}-checkpoints"), 60, what="claim deleted"
     )

@@ -100,6 +100,14 @@ def _tokenizer(doc: Doc, value: str) -> None:
     }
 
 
+def _data_volume_sub_path(doc: Doc, value: str) -> None:
+    doc["spec"]["data"] = {"mock": True, "volume": {"claimName": "datasets", "subPath": value}}
+
+
+def _network_resource(doc: Doc, value: str) -> None:
+    doc["spec"]["resources"]["network"] = {"fabric": "infiniband", "resourceName": value}
+
+
 def _init_path(doc: Doc, value: str) -> None:
     doc["spec"]["checkpoint"]["init"] = {"megatron": {"path": value}}
 
@@ -116,6 +124,27 @@ def _msc(url: str = "msc://store/ckpt", **msc: str) -> Callable[[Doc, str], None
     return put
 
 
+def _template(spec: Doc) -> Callable[[Doc, str], None]:
+    """spec.template with the string at every `{}` of `spec` (a pod template fragment)."""
+
+    def put(doc: Doc, value: str) -> None:
+        def fill(node: Any) -> Any:
+            if isinstance(node, dict):
+                return {fill(k): fill(v) for k, v in node.items()}
+            if isinstance(node, list):
+                return [fill(v) for v in node]
+            return value if node == "{}" else node
+
+        doc["spec"]["template"] = fill(spec)
+
+    return put
+
+
+def _sidecar(**fields: Any) -> Callable[[Doc, str], None]:
+    return _template({"spec": {"containers": [{"name": "side", "image": "busybox", **fields}]}})
+
+
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 SAFE_PATH = r"^/?([A-Za-z0-9._-]{1,8}/){0,3}[A-Za-z0-9._-]{0,8}$"
 # field → (where it goes, the pattern strings are drawn from)
 FIELDS: dict[str, tuple[Callable[[Doc, str], None], str]] = {
@@ -142,6 +171,71 @@ FIELDS: dict[str, tuple[Callable[[Doc, str], None], str]] = {
     "spec.checkpoint.msc.configSecret": (_msc(configSecret=""), DNS1123_SUBDOMAIN_PATTERN),
     "spec.checkpoint.msc.configKey": (_msc(configKey=""), r"^[-._a-zA-Z0-9]+$"),
     "spec.managedBy": (_put("managedBy"), managedby.PATTERN),
+    "spec.data.volume.claimName": (_put("data.volume.claimName"), DNS1123_SUBDOMAIN_PATTERN),
+    "spec.data.volume.subPath": (_data_volume_sub_path, CHECKPOINT_PATH_PATTERN),
+    "spec.resources.network.resourceName": (_network_resource, QUALIFIED_NAME_PATTERN),
+    "spec.template.metadata.labels key": (
+        _template({"metadata": {"labels": {"{}": "x"}}}),
+        QUALIFIED_NAME_PATTERN,
+    ),
+    "spec.template.metadata.labels value": (
+        _template({"metadata": {"labels": {"example.com/team": "{}"}}}),
+        LABEL_VALUE_PATTERN,
+    ),
+    "spec.template.metadata.annotations key": (
+        _template({"metadata": {"annotations": {"{}": "x"}}}),
+        QUALIFIED_NAME_PATTERN,
+    ),
+    "spec.template.spec.nodeSelector key": (
+        _template({"spec": {"nodeSelector": {"{}": "x"}}}),
+        QUALIFIED_NAME_PATTERN,
+    ),
+    "spec.template.spec.nodeSelector value": (
+        _template({"spec": {"nodeSelector": {"example.com/pool": "{}"}}}),
+        LABEL_VALUE_PATTERN,
+    ),
+    "spec.template.spec.tolerations[].key": (
+        _template({"spec": {"tolerations": [{"key": "{}", "operator": "Exists"}]}}),
+        QUALIFIED_NAME_PATTERN,
+    ),
+    "spec.template.spec.tolerations[].value": (
+        _template({"spec": {"tolerations": [{"key": "example.com/gpu", "value": "{}"}]}}),
+        LABEL_VALUE_PATTERN,
+    ),
+    "spec.template.spec.schedulerName": (
+        _template({"spec": {"schedulerName": "{}"}}),
+        DNS1123_SUBDOMAIN_PATTERN,
+    ),
+    "spec.template.spec.runtimeClassName": (
+        _template({"spec": {"runtimeClassName": "{}"}}),
+        DNS1123_SUBDOMAIN_PATTERN,
+    ),
+    "spec.template.spec.imagePullSecrets[].name": (
+        _template({"spec": {"imagePullSecrets": [{"name": "{}"}]}}),
+        DNS1123_SUBDOMAIN_PATTERN,
+    ),
+    "spec.template.spec.volumes[].name": (
+        _template({"spec": {"volumes": [{"name": "{}", "emptyDir": {}}]}}),
+        DNS_LABEL_PATTERN,
+    ),
+    "spec.template.spec.containers[].name": (
+        _template({"spec": {"containers": [{"name": "{}", "image": "busybox"}]}}),
+        DNS_LABEL_PATTERN,
+    ),
+    "spec.template.spec.containers[].env[].name": (
+        _sidecar(env=[{"name": "{}", "value": "1"}]),
+        ENV_NAME_PATTERN,
+    ),
+    "spec.template.spec.containers[].env[].valueFrom.secretKeyRef.name": (
+        _sidecar(
+            env=[{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "{}", "key": "k"}}}]
+        ),
+        DNS1123_SUBDOMAIN_PATTERN,
+    ),
+    "spec.template.spec.containers[].resources.limits{}": (
+        _sidecar(resources={"limits": {"memory": "{}"}}),
+        QUANTITY_PATTERN,
+    ),
 }
 
 FULL_WIDTH = str.maketrans("0123456789", "０１２３４５６７８９")
@@ -226,9 +320,25 @@ def test_the_table_covers_every_pattern_of_the_crd() -> None:
         ".spec.checkpoint.init.huggingFace.path", ".spec.env[].name", ".spec.priorityClassName",
         ".spec.data.blend[].prefix", ".spec.data.tokenizer.path", "", ".spec.checkpoint.url",
         ".spec.checkpoint.msc.configSecret", ".spec.checkpoint.msc.configKey", ".spec.managedBy",
+        ".spec.data.volume.claimName", ".spec.data.volume.subPath",
+        ".spec.checkpoint.init.volume.claimName", ".spec.checkpoint.init.volume.subPath",
+        ".spec.resources.network.resourceName", ".spec.template.metadata.annotations",
+        ".spec.template.metadata.labels", ".spec.template.metadata.labels{}",
+        ".spec.template.spec.nodeSelector", ".spec.template.spec.nodeSelector{}",
+        ".spec.template.spec.tolerations[].key", ".spec.template.spec.tolerations[].value",
+        ".spec.template.spec.schedulerName", ".spec.template.spec.runtimeClassName",
+        ".spec.template.spec.imagePullSecrets[].name", ".spec.template.spec.volumes[].name",
+        *(f".spec.template.spec.{c}[].{f}" for c in ("containers", "initContainers") for f in (
+            "name", "env[].name", "env[].valueFrom.secretKeyRef.name",
+            "env[].valueFrom.configMapKeyRef.name", "env[].valueFrom.resourceFieldRef.containerName",
+            "env[].valueFrom.resourceFieldRef.divisor", "resources.limits{}", "resources.requests{}",
+            "volumeMounts[].name",
+        )),
     }  # fmt: skip
     # Each uncovered path shares its pattern with a covered one (limits/requests, the
-    # storage class/claim name, the size/shmSize, the two init paths, metadata.name at the root).
+    # storage class/claim name, the size/shmSize, the two init paths, metadata.name at the root,
+    # the init volume/the data volume, initContainers/containers (one Container type), the
+    # configMap/Secret names, a divisor/a limit, a volumeMount's name/a container's name).
     missing = _schema_patterns() - covered
     assert not missing, f"add these to FIELDS (and to `covered`): {sorted(missing)}"
 

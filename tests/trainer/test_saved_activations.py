@@ -52,6 +52,7 @@ CASES: dict[str, dict[str, Any]] = {
             "firstKDenseLayers": 0,
             "auxLossCoeff": 0.0,
             "tokenDispatcher": "allgather",
+            "routerPreSoftmax": False,
         },
     },
 }

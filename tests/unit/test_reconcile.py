@@ -88,6 +88,22 @@ def test_gang_restart_after_backoff() -> None:
     assert sim.status["phase"] == "Pending"
 
 
+def test_a_one_pod_gang_whose_failed_pod_is_kept_restarts_after_its_backoff() -> None:
+    """Nothing is deleted (the failed pod is kept for its logs), so no pod event wakes the job:
+    the decision itself asks for the next pass, which starts the backoff."""
+    sim = _sim({"restartPolicy": {"backoffSeconds": 2, "maxBackoffSeconds": 4}}, nodes=1)
+    _running(sim)
+    sim.fail("job-a0-0", exit_code=1)
+    out = sim.step()
+    assert sim.status["phase"] == "Restarting" and not out.delete_pods
+    assert out.requeue_after <= 0.1
+    sim.step()
+    assert sim.status["restartAt"] == format_time(sim.now + timedelta(seconds=2))
+    sim.tick(2.1)
+    sim.step()
+    assert sim.attempts() == {"1"} and sim.status["phase"] == "Pending"
+
+
 def test_max_restarts_fails_and_frees_every_gpu() -> None:
     sim = _sim({"restartPolicy": {"maxRestarts": 1, "backoffSeconds": 0, "maxBackoffSeconds": 0}})
     _running(sim)

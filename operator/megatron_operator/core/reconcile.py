@@ -756,6 +756,10 @@ class _Machine:
         self.cond(C.RESTARTING, True, cause.reason, message)
         self.event(EventType.WARNING, Reason.RESTARTING, message)
         self.delete(doomed)
+        if choice.rung != Rung.IN_PLACE and not (self.out.delete_pods or self.out.force_delete):
+            # Nothing goes (a one-pod gang whose failed pod is kept, or every lost pod already
+            # gone): no pod event will wake the job, so the backoff starts at the next pass, now.
+            self.deadlines.append(self.now)
         if choice.rung == Rung.IN_PLACE:
             # Nothing to wait for before the backoff (no pod goes): it starts now, and the
             # release is due when it ends (no pod event would wake the job before that).
