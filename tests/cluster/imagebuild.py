@@ -325,7 +325,8 @@ def ensure_images(verbose: bool = True) -> dict[str, Image]:
 # Archives of one image name kept besides the one just built: other checkouts (branches,
 # worktrees) build other keys on the same machine, and a rebuild costs minutes; without a bound,
 # every change to the trainer leaves ~6 GB (its archive and its layers) until the disk is full.
-KEEP_OLDER = 2
+# One older: the session's real nodes need ~20 GB of their own (the trainer unpacked in 3 nodes).
+KEEP_OLDER = 1
 
 
 def prune(b: Buildah, cache: Path, keep: set[Path], verbose: bool) -> None:

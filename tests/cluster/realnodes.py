@@ -468,7 +468,12 @@ def import_images(nodes: Sequence[RealNode], archives: Sequence[Path]) -> float:
             logf.close()
     for n, archive, p in procs:
         if p.wait() != 0:
-            die(f"importing {archive.name} into {n.name} failed; see {n.root / 'import.log'}")
+            # The log's tail in the message: a test removes the state directory on failure.
+            log_ = (n.root / "import.log").read_text(errors="replace").splitlines()[-15:]
+            die(
+                f"importing {archive.name} into {n.name} failed ({n.root / 'import.log'}):\n"
+                + "\n".join(log_)
+            )
     return time.monotonic() - t
 
 
