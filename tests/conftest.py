@@ -18,19 +18,39 @@ TESTS = Path(__file__).resolve().parent
 
 
 def xdist_group(item: pytest.Item) -> str | None:
-    """The tests that need the session's cluster with real nodes run on one xdist worker
-    (`-n 3 --dist loadgroup`): that cluster is started once per worker that uses it, and two
-    of them on one machine would collide (node names, namespaces, ~10 GB of images each).
-    Other session state (the kwok control plane, the trainer's reference runs) is cheap enough
-    to make once per worker, and spreading those tests keeps both cores busy."""
+    """Which tests share an xdist worker (`-n 3 --dist loadgroup`); None: any worker.
+
+    - The tests that need the session's cluster with real nodes: that cluster is started once
+      per worker that uses it, and two of them on one machine would collide (node names,
+      namespaces, ~10 GB of images each).
+    - A module's own `pytest.mark.xdist_group`.
+    - The tests of a module with a module-scoped fixture of ours (a training run, an S3 server
+      and two jobs, an operator): such a fixture is made once per worker that runs one of its
+      tests, so spread over three workers it was made up to three times (a CI run spent
+      2 x 280 s making one twice).
+    Other session state (the kwok control plane) is cheap enough to make once per worker, and
+    spreading the other tests keeps both cores busy."""
     path = Path(str(item.path)).resolve()
     if TESTS not in path.parents:
         return None
     if "real_cluster" in getattr(item, "fixturenames", ()):
         return "real-nodes"
-    # A module's own `pytest.mark.xdist_group` (its cluster is module-scoped and heavy).
     names = sorted({str(m.args[0]) for m in item.iter_markers("xdist_group") if m.args})
-    return "_".join(names) or None
+    if names:
+        return "_".join(names)
+    if _uses_module_fixture(item):
+        return f"module:{path.relative_to(TESTS.parent).as_posix()}"
+    return None
+
+
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in getattr(info, "name2fixturedefs", {}).values():
+        for d in defs:
+            ours = getattr(d.func, "__module__", "").startswith("tests.")
+            if ours and d.scope in ("module", "package", "class"):
+                return True
+    return False
 
 
 def _join_group(item: pytest.Item, group: str) -> None:

@@ -89,13 +89,20 @@ INTEGRATION_DIR = Path(__file__).resolve().parent
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test under tests/integration `integration` (before -m selects); run the
-    real-node tests last (in their modules' order), so that in a one-process run the real
-    cluster starts while the others run."""
+    """Mark every test under tests/integration `integration` (before -m selects), and order
+    the real-node tests (in their modules' order):
+    - in a one-process run, last: the real cluster starts in the background while the others
+      run;
+    - under xdist, first: they are one group, which xdist hands out in collection order, and
+      the longest piece of work (a cluster up, then ~12 scenarios) must start at once, not
+      when the other workers are nearly done."""
     for item in items:
         if INTEGRATION_DIR in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.integration)
-    items.sort(key=uses_real_nodes)  # stable: everything else keeps its order
+    first = bool(getattr(config.option, "loadgroup", False)) or config.getoption(
+        "dist", "no"
+    ) not in ("no", None)
+    items.sort(key=lambda item: uses_real_nodes(item) != first)  # stable: the rest keep order
 
 
 _EARLY = pytest.StashKey[EarlyStart]()

@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 MODULES = [
     "tests/integration/test_real_nodes.py",
     "tests/integration/test_e2e.py",
+    "tests/unit/test_alert_rules.py",
 ]
 LINE = re.compile(r"^\[(gw\d+)\] .*?(SKIPPED|PASSED|FAILED|ERROR) (\S+)")
 
@@ -42,3 +43,6 @@ def test_each_group_runs_on_one_worker(tmp_path: Path) -> None:
     assert workers.get("real-nodes"), out.stdout[-3000:] + out.stderr[-3000:]
     assert len(workers["real-nodes"]) == 1, dict(workers)
     assert "(none)" not in workers, f"tests outside any group: {dict(workers)}"
+    # A module with a module-scoped fixture of ours is one group: the fixture is made once.
+    module = "module:tests/unit/test_alert_rules.py"
+    assert len(workers.get(module, ())) == 1, dict(workers)
