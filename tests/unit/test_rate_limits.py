@@ -49,6 +49,22 @@ def test_a_held_progress_copy_waits_for_the_limit_then_lands() -> None:
     assert out.status["progress"]["iteration"] == 10
 
 
+def test_the_last_progress_lands_when_the_job_finishes_inside_the_limit() -> None:
+    """The final steps are reported, then every pod succeeds, all within one copy interval:
+    the job's finish copies them (a finished job gets no later pass that would)."""
+    sim = _sim()
+    _running(sim)
+    sim.report_progress(10)
+    sim.step()
+    sim.tick(1)
+    sim.report_progress(12)
+    sim.succeed_all()
+    hold = sim.now + timedelta(seconds=PROGRESS_COPY_SECONDS)
+    out = reconcile(replace(sim.world(), progress_not_before=hold), sim.settings)
+    assert out.status["phase"] == "Succeeded"
+    assert out.status["progress"]["iteration"] == 12
+
+
 def test_the_limiter_spaces_copies_per_job() -> None:
     sim = _sim()
     limiter = ProgressLimiter()

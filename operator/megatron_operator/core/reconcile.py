@@ -301,6 +301,7 @@ class _Machine:
             return self.done()  # Queued: no pod runs until Kueue admits the Workload
         self.active(job, p)
         if self.st.phase in (Phase.SUCCEEDED, Phase.FAILED):
+            self.copy_progress(job, final=True)  # the last steps, even inside the copy limit
             self.ttl(job)  # it just finished: schedule the TTL now, not at the next resync
         return self.done()
 
@@ -854,7 +855,10 @@ class _Machine:
             return None
         return min(lease.renew_time, self.now)
 
-    def copy_progress(self, job: MegatronJob) -> None:
+    def copy_progress(self, job: MegatronJob, final: bool = False) -> None:
+        """The Lease's newest record into status.progress, at most once per rate-limit window;
+        `final`: the job just finished, and its last record is copied at once (no later pass
+        would copy it: a finished job is not woken by its Lease)."""
         lease = self.lease()
         if lease is None or lease.progress is None:
             return
@@ -865,7 +869,7 @@ class _Machine:
         if old.get("attempt") == prog.attempt and old_time is not None and old_time >= prog.time:
             return
         hold = self.w.progress_not_before
-        if hold is not None and self.now < hold:
+        if hold is not None and self.now < hold and not final:
             self.deadlines.append(hold)  # copy the newest record then
             return
         self.st.progress = prog.to_status()
