@@ -96,17 +96,20 @@ def wait_phase(c: RealCluster, ns: str, name: str, phase: str, timeout: float) -
     return result
 
 
-# Opt-in: on the session's cluster (2026-11-26) the job restarted once and Succeeded, but
-# status.progress stayed at attempt 0's step 7 instead of the script's step 12: the command's
-# last progress lines do not reach the Lease's record before the job ends. Until that is fixed
-# this scenario runs only when asked for; mjob run --local checks the same progress path.
+# Opt-in. On the session's cluster the job restarts once and Succeeds with the right world size
+# and ranks, but which pod is blamed is a race: rank 1 exits 1 at step 7 and rank 0, in the
+# other pod, exits 1 within the same second on the broken collective. Both pods end Failed with
+# exit code 1 and nothing tells the operator which was first (a launcher's report orders ranks
+# only in place; a command job is recreated), so the cause, and the pod kept, is either.
+# (status.progress stopping short of the last step, seen first, was a finished job's last
+# record held back by the copy limit: fixed, tests/unit/test_rate_limits.py.)
 BYO_ENV = "MEGATRON_E2E_BYO"
 
 
 @pytest.mark.skipif(
     os.environ.get(BYO_ENV) != "1",
-    reason=f"opt-in ({BYO_ENV}=1): a trainer.command's last progress step does not yet reach "
-    "status.progress through the Lease",
+    reason=f"opt-in ({BYO_ENV}=1): the pod blamed for the failure is a race between two "
+    "ranks that exit 1 within the same second",
 )
 def test_a_torch_distributed_script_restarts_once_and_succeeds(
     real_operator: RealCluster, ns: str
@@ -123,10 +126,10 @@ def test_a_torch_distributed_script_restarts_once_and_succeeds(
     c.apply(job_doc("ddp", spec), ns)
     st = wait_phase(c, ns, "ddp", "Succeeded", timeout=600)
     assert (st["restarts"], st["restartAttempt"]) == (1, 1), st
-    assert st["lastFailure"]["pod"] == "ddp-a0-1" and st["lastFailure"]["exitCode"] == 1
     # Progress from the script's `ITERATION LOSS` lines, forwarded to the Lease by node 0.
     assert st["progress"]["iteration"] == 12 and st["progress"]["checkpointIteration"] == 12
     assert st["progressSummary"].startswith("step 12 loss ")
+    assert st["lastFailure"]["pod"] == "ddp-a0-1" and st["lastFailure"]["exitCode"] == 1
     # Evidence: attempt 0's failed pod is still there, Failed, with the failing rank's lines.
     assert st["keptPods"] == ["ddp-a0-1"]
     kept = c.pod(ns, "ddp-a0-1")
@@ -160,17 +163,25 @@ def test_an_image_that_does_not_exist_is_named_and_released(
     spec["model"] = {"recipe": "gpt-tiny"}
     spec["training"] = {"globalBatchSize": 8, "trainIters": 10, "precision": "fp32"}
     spec["data"] = {"mock": True}
+    # 90 s: on a loaded CI machine the claim, the scheduling and the kubelet's first pull took
+    # over 60 s, and a timeout firing first would hide the pull's reason.
     spec["restartPolicy"].update(
-        startupTimeoutSeconds=45, rules=[{"action": "Fail", "reasons": ["StartupTimeout"]}]
+        startupTimeoutSeconds=90, rules=[{"action": "Fail", "reasons": ["StartupTimeout"]}]
     )
     applied = time.monotonic()
     c.apply(job_doc("noimg", spec), ns)
+
+    seen: list[Any] = []
 
     def named() -> dict[str, Any] | None:
         cond = next(
             (x for x in status(c, ns, "noimg").get("conditions", []) if x["type"] == "PodsStarted"),
             None,
         )
+        seen[:] = [
+            cond,
+            [p.get("status") for p in c.kubectl_json("get", "pods", "-n", ns)["items"]],
+        ]
         ok = (
             cond
             and cond["status"] == "False"
@@ -178,11 +189,14 @@ def test_an_image_that_does_not_exist_is_named_and_released(
         )
         return cond if ok else None
 
-    cond = c.wait(named, 60, 1.0, "PodsStarted naming the image pull")
-    assert time.monotonic() - applied <= 60
+    try:
+        cond = c.wait(named, 90, 1.0, "PodsStarted naming the image pull")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last seen: {seen}") from None
+    assert time.monotonic() - applied <= 90
     assert cond["message"].startswith("pod noimg-a0-"), cond
     assert "does-not-exist" in cond["message"], cond  # the kubelet's own words
-    st = wait_phase(c, ns, "noimg", "Failed", timeout=120)
+    st = wait_phase(c, ns, "noimg", "Failed", timeout=150)
     failed_at = time.monotonic()
     assert st["lastFailure"]["reason"] == "StartupTimeout", st
     assert "startupTimeoutSeconds" in st["lastFailure"]["message"]
@@ -194,4 +208,4 @@ def test_an_image_that_does_not_exist_is_named_and_released(
 
     c.wait(gone, 60, 1.0, "the pods deleted")
     # The timeout counts from the first pod's scheduling, a few seconds after the apply.
-    assert 45 <= failed_at - applied <= 45 + 60
+    assert 90 <= failed_at - applied <= 90 + 60

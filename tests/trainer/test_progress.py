@@ -221,6 +221,20 @@ def test_rate_limit_but_checkpoints_always_go_out(api: FakeApiServer, token: Pat
     assert [(s["iteration"], s["checkpointIteration"]) for s in sent] == [(1, None), (2, 2)]
 
 
+def test_the_last_record_held_back_is_sent_at_close(api: FakeApiServer, token: Path) -> None:
+    """A run whose last steps fall within the interval: close() sends the newest of them (the
+    job's status would otherwise end at an older step)."""
+    lease = writer(api.port, token)
+    reporter = ProgressReporter(True, None, lease, min_interval_seconds=3600, attempt=1)
+    reporter.report(Report(7, 6.9, 1.0, None, None))  # first one goes out
+    wait_for(lambda: len(api.puts) == 1)
+    for step in (8, 9, 10, 11, 12):
+        reporter.report(Report(step, 6.8, 1.0, None, None))  # within the interval: held
+    reporter.close()
+    sent = [json.loads(r["body"]["metadata"]["annotations"][ANNOTATION]) for r in api.puts]
+    assert [s["iteration"] for s in sent] == [7, 12]
+
+
 def test_failing_api_server_never_raises(token: Path) -> None:
     server = FakeApiServer(status=500)
     try:

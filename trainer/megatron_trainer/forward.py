@@ -82,13 +82,14 @@ class Forwarder:
             return
         if self.last is not None and step.iteration <= self.last:
             return  # steps only move forward within an attempt
+        first = self.last is None  # this attempt's first step (after a resume, not step 0)
         self.last = step.iteration
         if step.checkpoint_iteration is not None:
             self.checkpoint = max(self.checkpoint or 0, step.checkpoint_iteration)
         report = Report(
             step.iteration, step.loss, step.tokens_per_second, step.mfu, self.checkpoint
         )
-        self.reporter.report(report, force=self.last == 0)
+        self.reporter.report(report, force=first)
 
 
 def progress_log_path(directory: str | None = None) -> str:

@@ -238,6 +238,7 @@ class ProgressReporter:
         self.min_interval = min_interval_seconds
         self.attempt = attempt
         self.last_write = float("-inf")
+        self.unsent: str | None = None  # the newest record the rate limit held back
 
     def report(self, report: Report, force: bool = False) -> None:
         """Print, append and (rate-limited unless `force`) write the Lease. Never raises."""
@@ -254,8 +255,16 @@ class ProgressReporter:
         now = time.monotonic()
         if self.lease and (force or now - self.last_write >= self.min_interval):
             self.last_write = now
+            self.unsent = None
             self.lease.submit(payload)
+        elif self.lease:
+            self.unsent = payload
 
     def close(self) -> None:
+        """Send the newest record the rate limit held back (the last steps of a run that ends
+        within the interval), then stop the writer."""
         if self.lease:
+            if self.unsent is not None:
+                self.lease.submit(self.unsent)
+                self.unsent = None
             self.lease.close()
