@@ -65,6 +65,19 @@ def test_the_last_progress_lands_when_the_job_finishes_inside_the_limit() -> Non
     assert out.status["progress"]["iteration"] == 12
 
 
+def test_a_later_step_in_the_same_second_is_copied() -> None:
+    """Records carry whole seconds: a fast run's last steps share one with an earlier copy."""
+    sim = _sim()
+    _running(sim)
+    sim.report_progress(7)
+    sim.step()
+    assert sim.status["progress"]["iteration"] == 7
+    sim.report_progress(12)  # the same second
+    sim.succeed_all()
+    sim.step()
+    assert sim.status["phase"] == "Succeeded" and sim.status["progress"]["iteration"] == 12
+
+
 def test_the_limiter_spaces_copies_per_job() -> None:
     sim = _sim()
     limiter = ProgressLimiter()

@@ -865,8 +865,15 @@ class _Machine:
         prog = lease.progress
         old = self.st.progress or {}
         old_time = parse_time(old.get("time"))
+        old_step = old.get("iteration")
+        old_step = old_step if isinstance(old_step, int) and not isinstance(old_step, bool) else -1
         # A new attempt's first record is always copied: it says the restart reached its step.
-        if old.get("attempt") == prog.attempt and old_time is not None and old_time >= prog.time:
+        # Records carry whole seconds: several steps in one second differ by iteration only.
+        if (
+            old.get("attempt") == prog.attempt
+            and old_time is not None
+            and (old_time, old_step) >= (prog.time, prog.iteration)
+        ):
             return
         hold = self.w.progress_not_before
         if hold is not None and self.now < hold and not final:
