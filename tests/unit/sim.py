@@ -35,6 +35,22 @@ class Sim:
     last: Outcome | None = None
     lease: dict[str, Any] | None = None  # the job's progress Lease, once the shell made it
 
+    @classmethod
+    def of_spec(cls, spec: dict[str, Any]) -> Sim:
+        """A Sim of the job "job" (uid-1, generation 1) with this spec (tests/unit/specs.py)."""
+        from .specs import job_doc
+
+        doc = job_doc(spec, name="job")
+        doc["metadata"].update(uid="uid-1", generation=1)
+        return cls(job=doc)
+
+    def start_running(self) -> None:
+        """Create the gang, run every pod, and check the job reads Running."""
+        self.settle()
+        self.run_all()
+        self.step()
+        assert self.status["phase"] == "Running"
+
     @property
     def status(self) -> dict[str, Any]:
         return dict(self.job.get("status") or {})

@@ -16,7 +16,7 @@ from megatron_operator.core.observe import format_time, pod_view
 from megatron_operator.core.policy import Failure
 
 from .sim import Sim
-from .specs import job_doc, spec_of
+from .specs import spec_of
 
 FAST = {"backoffSeconds": 0, "maxBackoffSeconds": 0}
 
@@ -29,16 +29,7 @@ def _sim(policy: dict[str, Any] | None = None, nodes: int = 4) -> Sim:
         # (an in-place restart keeps every pod, and its log, anyway).
         "restartPolicy": {**FAST, "strategy": "Recreate", **(policy or {})},
     }
-    doc = job_doc(spec_of(changes), name="job")
-    doc["metadata"].update(uid="uid-1", generation=1)
-    return Sim(job=doc)
-
-
-def _running(sim: Sim) -> None:
-    sim.settle()
-    sim.run_all()
-    sim.step()
-    assert sim.status["phase"] == "Running"
+    return Sim.of_spec(spec_of(changes))
 
 
 def _condition(sim: Sim, type_: str) -> dict[str, Any]:
@@ -67,7 +58,7 @@ def _schedule(sim: Sim, at: datetime, waiting: tuple[str, str] | None = None) ->
 
 def test_the_failed_pods_of_the_last_attempts_are_kept_and_older_ones_go() -> None:
     sim = _sim({"keepFailedPods": 2, "maxRestarts": 5})
-    _running(sim)
+    sim.start_running()
     for attempt, rank in ((0, 1), (1, 3), (2, 0)):
         sim.fail(f"job-a{attempt}-{rank}", exit_code=7)
         sim.settle()
@@ -82,7 +73,7 @@ def test_the_failed_pods_of_the_last_attempts_are_kept_and_older_ones_go() -> No
 
 def test_one_event_per_failed_attempt_names_every_failed_pod() -> None:
     sim = _sim(nodes=4)
-    _running(sim)
+    sim.start_running()
     for name, code in (("job-a0-2", 1), ("job-a0-0", 137)):
         sim.fail(name, exit_code=code)
         sim.pods[name]["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = (
@@ -224,7 +215,7 @@ def test_a_trainer_that_exited_beside_a_running_sidecar_has_finished() -> None:
 
 def test_the_job_succeeds_and_stops_pods_whose_sidecars_still_run() -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     for name in sim.pods:
         sim.pods[name]["status"] = _sidecar_pod(0)["status"]
     sim.step()

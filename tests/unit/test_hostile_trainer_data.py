@@ -18,7 +18,7 @@ from megatron_contract.paths import PROGRESS_ANNOTATION
 from megatron_operator.core.observe import lease_view, parse_progress, pod_view
 
 from .sim import Sim
-from .specs import job_doc, spec_of
+from .specs import spec_of
 
 NOW = "2026-11-22T12:00:05Z"
 # The records the review reproduced, and their relatives.
@@ -59,16 +59,7 @@ HOSTILE_MESSAGES: dict[str, str] = {
 
 
 def _sim() -> Sim:
-    doc = job_doc(spec_of({"resources.nodes": 2, "training.globalBatchSize": 64}), name="job")
-    doc["metadata"].update(uid="uid-1", generation=1)
-    return Sim(job=doc)
-
-
-def _running(sim: Sim) -> None:
-    sim.settle()
-    sim.run_all()
-    sim.step()
-    assert sim.status["phase"] == "Running"
+    return Sim.of_spec(spec_of({"resources.nodes": 2, "training.globalBatchSize": 64}))
 
 
 def _write(sim: Sim, record: str) -> None:
@@ -99,7 +90,7 @@ def _bounded(value: Any, where: str = "status") -> None:
 @pytest.mark.parametrize("case", sorted(HOSTILE_RECORDS))
 def test_a_hostile_record_is_ignored_and_the_status_stays_writable(case: str) -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     _write(sim, HOSTILE_RECORDS[case])
     sim.step()  # must not raise
     _bounded(sim.status)
@@ -124,7 +115,7 @@ def test_numbers_past_int64_are_not_progress() -> None:
 @pytest.mark.parametrize("case", sorted(HOSTILE_MESSAGES))
 def test_a_hostile_termination_message_fails_the_rank_with_a_bounded_status(case: str) -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     sim.fail("job-a0-1", exit_code=1)
     term = sim.pods["job-a0-1"]["status"]["containerStatuses"][0]["state"]["terminated"]
     term["message"] = HOSTILE_MESSAGES[case]
@@ -189,7 +180,7 @@ def test_fuzzed_trainer_writes_never_break_the_reconcile(
     }
     lease_view(lease)  # never raises
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     _write(sim, record)
     assert sim.lease is not None
     sim.lease["spec"]["renewTime"] = renew

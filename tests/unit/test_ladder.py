@@ -20,7 +20,7 @@ from megatron_operator.core.observe import format_time, pod_view
 from megatron_operator.core.reconcile import reconcile
 
 from .sim import Sim
-from .specs import job_doc, spec_of
+from .specs import spec_of
 
 PODS = ["job-a0-0", "job-a0-1", "job-a0-2", "job-a0-3"]
 
@@ -36,16 +36,7 @@ def _sim(policy: dict[str, Any] | None = None, nodes: int = 4) -> Sim:
         "keepFailedPods": 0,
         **(policy or {}),
     }
-    doc = job_doc(spec, name="job")
-    doc["metadata"].update(uid="uid-1", generation=1)
-    return Sim(job=doc)
-
-
-def _running(sim: Sim) -> None:
-    sim.settle()
-    sim.run_all()
-    sim.step()
-    assert sim.status["phase"] == "Running"
+    return Sim.of_spec(spec)
 
 
 def _uids(sim: Sim) -> dict[str, str]:
@@ -76,7 +67,7 @@ def _stepped(sim: Sim, iteration: int = 1) -> None:
 
 def test_a_rank_failure_restarts_every_rank_in_place() -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     before = _uids(sim)
     sim.report_launchers(failures=[(2, 1)])  # a rank of pod 2 exited 1; its pod runs on
     out = sim.step()
@@ -106,7 +97,7 @@ def test_a_rank_failure_restarts_every_rank_in_place() -> None:
 
 def test_a_lost_pod_is_replaced_alone_with_the_same_hostname() -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     before = _uids(sim)
     sim.fail("job-a0-1", exit_code=137)  # its container was killed
     out = sim.step()
@@ -126,7 +117,7 @@ def test_the_kubelet_reporting_a_killed_container_late_is_the_same_restart() -> 
     """The container of pod 1 dies: its launcher's connection drops at once, the ranks of the
     other pods fail, and the kubelet says Failed seconds later. One restart, one pod replaced."""
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     before = _uids(sim)
     sim.report_launchers(failures=[(0, 1)])  # the survivors' ranks fail first...
     sim.step()
@@ -144,7 +135,7 @@ def test_the_kubelet_reporting_a_killed_container_late_is_the_same_restart() -> 
 
 def test_a_launcher_dropping_out_of_a_running_pod_replaces_that_pod() -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     sim.report_launchers(lost=["job-a0-3"])
     sim.step()
     failure = sim.status["lastFailure"]
@@ -157,7 +148,7 @@ def test_a_launcher_dropping_out_of_a_running_pod_replaces_that_pod() -> None:
 
 def test_losing_the_rendezvous_host_recreates_the_gang() -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     sim.fail("job-a0-0", exit_code=137)
     out = sim.step()
     failure = sim.status["lastFailure"]
@@ -169,7 +160,7 @@ def test_losing_the_rendezvous_host_recreates_the_gang() -> None:
 
 def test_the_host_lost_during_an_in_place_restart_recreates_within_that_restart() -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     sim.report_launchers(failures=[(2, 1)])
     sim.step()
     assert sim.status["lastFailure"]["rung"] == "InPlace"
@@ -183,7 +174,7 @@ def test_the_host_lost_during_an_in_place_restart_recreates_within_that_restart(
 
 def test_an_in_place_attempt_failing_before_its_first_step_escalates_to_recreate() -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     sim.report_launchers(failures=[(2, 1)])
     sim.step()
     _released(sim)
@@ -199,7 +190,7 @@ def test_an_in_place_attempt_failing_before_its_first_step_escalates_to_recreate
 
 def test_an_in_place_attempt_that_stepped_fails_in_place_again() -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     for attempt in range(1, 4):
         sim.report_launchers(failures=[(attempt, 1)])  # a different pod's rank each time
         sim.step()
@@ -211,7 +202,7 @@ def test_an_in_place_attempt_that_stepped_fails_in_place_again() -> None:
 
 def test_a_node_failing_twice_escalates_to_recreate() -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     node = sim.pods["job-a0-2"]["spec"]["nodeName"]
     sim.report_launchers(failures=[(2, 1)])
     sim.step()
@@ -237,7 +228,7 @@ def test_a_node_failing_twice_escalates_to_recreate() -> None:
 
 def test_an_in_place_restart_that_reaches_no_step_in_time_recreates() -> None:
     sim = _sim({"inPlaceTimeoutSeconds": 60})
-    _running(sim)
+    sim.start_running()
     sim.report_launchers(failures=[(2, 1)])
     sim.step()
     _released(sim)
@@ -255,7 +246,7 @@ def test_an_in_place_restart_that_reaches_no_step_in_time_recreates() -> None:
 @pytest.mark.parametrize("code", [78, 17])
 def test_a_non_retryable_exit_code_fails_the_job_at_once(code: int) -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     sim.report_launchers(failures=[(1, code)])
     out = sim.step()
     st = sim.status
@@ -267,7 +258,7 @@ def test_a_non_retryable_exit_code_fails_the_job_at_once(code: int) -> None:
 
 def test_max_restarts_counts_every_rung() -> None:
     sim = _sim({"maxRestarts": 3})
-    _running(sim)
+    sim.start_running()
     rungs = []
     sim.report_launchers(failures=[(1, 1)])  # 1: in place
     sim.step()
@@ -298,7 +289,7 @@ def test_max_restarts_counts_every_rung() -> None:
 def test_uncounted_rules_hold_in_place_too() -> None:
     """A rank that exits 143 (it checkpointed on SIGTERM) is restarted in place, not counted."""
     sim = _sim({"maxRestarts": 0})
-    _running(sim)
+    sim.start_running()
     sim.report_launchers(failures=[(1, 143)])
     sim.step()
     failure = sim.status["lastFailure"]
@@ -308,7 +299,7 @@ def test_uncounted_rules_hold_in_place_too() -> None:
 
 def test_strategy_recreate_recreates_on_a_rank_failure() -> None:
     sim = _sim({"strategy": "Recreate"})
-    _running(sim)
+    sim.start_running()
     sim.report_launchers(failures=[(1, 1)])
     out = sim.step()
     assert sim.status["lastFailure"]["rung"] == "Recreate"
@@ -317,7 +308,7 @@ def test_strategy_recreate_recreates_on_a_rank_failure() -> None:
 
 def test_a_hang_restarts_in_place() -> None:
     sim = _sim({"hangTimeoutSeconds": 30})
-    _running(sim)
+    sim.start_running()
     sim.tick(31)
     out = sim.step()
     failure = sim.status["lastFailure"]
@@ -330,7 +321,7 @@ def test_operator_restart_mid_in_place_restart_makes_no_duplicate() -> None:
     """The operator dies at every point of an in-place restart; a fresh one (a reconcile from
     the stored status and the same report) never counts it again or restarts twice."""
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     sim.report_launchers(failures=[(2, 1)])
     # Killed before its status write: nothing happened, the next one decides.
     sim.step(write_status=False)
@@ -353,7 +344,7 @@ def test_a_report_names_only_this_gangs_pods() -> None:
     """The report is the tenant's to write: an older attempt's failures, and pods that are not
     the gang's current pods, are ignored."""
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     sim.report_launchers(failures=[(1, 1)], attempt=7)  # not this attempt
     sim.step()
     assert sim.status["phase"] == "Running"
@@ -375,7 +366,7 @@ def test_a_report_names_only_this_gangs_pods() -> None:
 
 def test_the_gang_is_the_newest_pod_of_each_rank_between_the_gang_and_the_current_attempt() -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     views = [pod_view(p) for p in sim.pods.values()]
     current, stale = partition(views, gang=0, attempt=2, nodes=4)
     assert [x.name for x in current] == PODS and not stale
@@ -394,7 +385,7 @@ def test_the_gang_is_the_newest_pod_of_each_rank_between_the_gang_and_the_curren
 def test_reconcile_of_a_status_from_before_the_ladder_keeps_its_pods() -> None:
     """A job the previous operator version ran (no gangAttempt, no rung) goes on as it was."""
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     status = sim.job["status"]
     status.pop("gangAttempt", None)
     out = reconcile(sim.world(), sim.settings)
@@ -417,7 +408,7 @@ def test_any_sequence_of_failures_counts_each_restart_once_and_never_doubles_a_p
     moving with it), a pod is only created for a node rank that has none left, an in-place
     decision deletes nothing, and whatever the last decision, the job settles."""
     sim = _sim({"maxRestarts": 100})
-    _running(sim)
+    sim.start_running()
     decisions = 0
     for action, node in events:
         if sim.status["phase"] in ("Failed", "Succeeded"):
@@ -488,7 +479,7 @@ def test_pods_whose_launchers_cannot_restart_in_place_are_recreated(made_by: str
     Recreate pod (or of an older operator's) exits at the first failed rank and runs no
     coordinator, so switching the spec to InPlace cannot restart them in place."""
     sim = _sim({"strategy": "Recreate"} if made_by == "Recreate" else None)
-    _running(sim)
+    sim.start_running()
     if made_by == "Recreate":
         sim.job["spec"]["restartPolicy"]["strategy"] = "InPlace"  # changed while running
     else:

@@ -19,26 +19,17 @@ from megatron_operator.cluster.ratelimit import (
 from megatron_operator.core.reconcile import reconcile
 
 from .sim import Sim
-from .specs import job_doc, spec_of
+from .specs import spec_of
 
 
 def _sim(**spec: object) -> Sim:
     changes = {"resources.nodes": 2, "training.globalBatchSize": 64, **spec}
-    doc = job_doc(spec_of(changes), name="job")
-    doc["metadata"].update(uid="uid-1", generation=1)
-    return Sim(job=doc)
-
-
-def _running(sim: Sim) -> None:
-    sim.settle()
-    sim.run_all()
-    sim.step()
-    assert sim.status["phase"] == "Running"
+    return Sim.of_spec(spec_of(changes))
 
 
 def test_a_held_progress_copy_waits_for_the_limit_then_lands() -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     sim.report_progress(10)
     hold = sim.now + timedelta(seconds=PROGRESS_COPY_SECONDS)
     out = reconcile(replace(sim.world(), progress_not_before=hold), sim.settings)
@@ -53,7 +44,7 @@ def test_the_last_progress_lands_when_the_job_finishes_inside_the_limit() -> Non
     """The final steps are reported, then every pod succeeds, all within one copy interval:
     the job's finish copies them (a finished job gets no later pass that would)."""
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     sim.report_progress(10)
     sim.step()
     sim.tick(1)
@@ -68,7 +59,7 @@ def test_the_last_progress_lands_when_the_job_finishes_inside_the_limit() -> Non
 def test_a_later_step_in_the_same_second_is_copied() -> None:
     """Records carry whole seconds: a fast run's last steps share one with an earlier copy."""
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     sim.report_progress(7)
     sim.step()
     assert sim.status["progress"]["iteration"] == 7
@@ -119,20 +110,20 @@ def test_a_burst_of_lease_events_wakes_a_job_once_per_window() -> None:
 
 def test_finished_and_suspended_jobs_have_no_resync() -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     sim.succeed_all()
     sim.step()
     assert sim.status["phase"] == "Succeeded"
     assert math.isinf(sim.step().requeue_after)  # nothing to do until the job changes
 
     ttl = _sim(ttlSecondsAfterFinished=86400)
-    _running(ttl)
+    ttl.start_running()
     ttl.succeed_all()
     ttl.step()
     assert 86000 < ttl.step().requeue_after <= 86400.1  # the TTL, not a 60 s resync
 
     sus = _sim()
-    _running(sus)
+    sus.start_running()
     sus.job["spec"]["suspend"] = True
     out = sus.step()
     assert len(out.delete_pods) == 2 and out.requeue_after <= 5.0  # its pods are stopping
@@ -142,5 +133,5 @@ def test_finished_and_suspended_jobs_have_no_resync() -> None:
 
 def test_a_running_job_keeps_its_resync() -> None:
     sim = _sim()
-    _running(sim)
+    sim.start_running()
     assert sim.step().requeue_after <= sim.settings.resync_seconds
