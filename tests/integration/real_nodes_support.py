@@ -36,6 +36,17 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 REAL_NODE_COUNT = 3
 
 
+# The checkpoint claim of a job on the real nodes: one volume every node mounts (the cluster's
+# shared hostPath class), so a pod moved to another node finds the checkpoints.
+SHARED_CHECKPOINT_VOLUME: dict[str, Any] = {
+    "create": {
+        "storageClassName": "shared-hostpath",
+        "size": "1Gi",
+        "accessModes": ["ReadWriteMany"],
+    }
+}
+
+
 def real_nodes_requested() -> bool:
     return os.environ.get(REAL_NODES_ENV, "").strip() != "0"
 

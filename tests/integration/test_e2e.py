@@ -29,7 +29,12 @@ import pytest
 import yaml
 
 from .conftest import OPERATOR_NODE
-from .real_nodes_support import REAL_LABEL, RealCluster, processes_mentioning
+from .real_nodes_support import (
+    REAL_LABEL,
+    SHARED_CHECKPOINT_VOLUME,
+    RealCluster,
+    processes_mentioning,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRESS = "MEGATRON_PROGRESS "
@@ -67,13 +72,7 @@ def spec(trainer_image: str, **changes: Any) -> dict[str, Any]:
             "nodeSelector": {REAL_LABEL: "real"},
         },
         "checkpoint": {
-            "volume": {
-                "create": {
-                    "storageClassName": "shared-hostpath",
-                    "size": "1Gi",
-                    "accessModes": ["ReadWriteMany"],
-                }
-            },
+            "volume": copy.deepcopy(SHARED_CHECKPOINT_VOLUME),
             "saveInterval": 5,
             "keep": 0,
             "gracePeriodSeconds": 60,

@@ -16,6 +16,7 @@ namespace of its own and deletes it:
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from .real_nodes_support import REAL_LABEL, RealCluster
+from .real_nodes_support import REAL_LABEL, SHARED_CHECKPOINT_VOLUME, RealCluster
 
 pytestmark = pytest.mark.slow
 
@@ -64,13 +65,7 @@ def base_spec(image: str) -> dict[str, Any]:
             "nodeSelector": {REAL_LABEL: "real"},
         },
         "checkpoint": {
-            "volume": {
-                "create": {
-                    "storageClassName": "shared-hostpath",
-                    "size": "1Gi",
-                    "accessModes": ["ReadWriteMany"],
-                }
-            },
+            "volume": copy.deepcopy(SHARED_CHECKPOINT_VOLUME),
             "gracePeriodSeconds": 30,
         },
         "restartPolicy": {
