@@ -133,6 +133,10 @@ def start_real_cluster(real_nodes: int = REAL_NODE_COUNT) -> RealCluster:
                 "2",
                 "--real-nodes",
                 str(real_nodes),
+                # One fresh static volume per job: a Retained volume keeps the checkpoints of
+                # the job before it (six jobs today; four, the default, ran out).
+                "--pvs",
+                "12",
                 "--node-monitor-grace-period",
                 "15",
                 "--timeout",

@@ -282,3 +282,56 @@ def test_pods_the_apiserver_refused_are_not_tried_again_until_the_spec_changes()
     sim.job["metadata"]["generation"] = 2  # the spec changed: try again
     out = sim.step()
     assert sim.status["phase"] == "Pending" and out.create_pods
+
+
+def _exited(sim: Sim, name: str, code: int, at: str, sidecar: bool = False) -> None:
+    """The kubelet's first report of a container exit: the containers' states, while the pod's
+    phase stays Running until the pod is torn down (seen on real kubelets under load)."""
+    statuses: list[dict[str, Any]] = [
+        {
+            "name": "trainer",
+            "state": {"terminated": {"exitCode": code, "reason": "Error", "finishedAt": at}},
+        }
+    ]
+    if sidecar:
+        statuses.append({"name": "log-shipper", "state": {"running": {}}})
+    sim.pods[name]["status"] = {"phase": "Running", "containerStatuses": statuses}
+
+
+def test_a_pod_whose_phase_has_not_yet_turned_failed_is_kept() -> None:
+    sim = _sim({"keepFailedPods": 1})
+    sim.start_running()
+    _exited(sim, "job-a0-1", 1, "2026-11-26T06:00:00Z")
+    out = sim.step()
+    assert sim.status["keptPods"] == ["job-a0-1"]
+    assert "job-a0-1" not in out.delete_pods and len(out.delete_pods) == 3
+    sim.settle()
+    sim.pods["job-a0-1"]["status"]["phase"] = "Failed"  # the kubelet is done with it
+    sim.settle()
+    sim.run_all()
+    sim.step()
+    assert sim.status["phase"] == "Running" and sim.status["keptPods"] == ["job-a0-1"]
+    assert sim.pods["job-a0-1"]["status"]["phase"] == "Failed"
+
+
+def test_a_failed_trainer_beside_a_running_sidecar_is_not_kept() -> None:
+    # Kept, it would hold its node's GPUs for as long as the sidecar runs.
+    sim = _sim({"keepFailedPods": 1})
+    sim.start_running()
+    _exited(sim, "job-a0-1", 1, "2026-11-26T06:00:00Z", sidecar=True)
+    out = sim.step()
+    assert sim.status["phase"] == "Restarting" and not sim.status.get("keptPods")
+    assert "job-a0-1" in out.delete_pods
+
+
+def test_of_two_pods_exited_with_the_same_code_the_earlier_is_blamed() -> None:
+    # Rank 3 crashed; rank 0 lost its peer a second later with the same exit code.
+    sim = _sim({"keepFailedPods": 1})
+    sim.start_running()
+    _exited(sim, "job-a0-0", 1, "2026-11-26T06:00:05Z")
+    _exited(sim, "job-a0-3", 1, "2026-11-26T06:00:04Z")
+    sim.step()
+    assert sim.status["lastFailure"]["pod"] == "job-a0-3"
+    assert sim.status["keptPods"] == ["job-a0-3"]
+    report = next(m for r, m in sim.events if r == "AttemptFailed")
+    assert report.startswith("attempt 0: 2 pod(s) failed: pod job-a0-3 ")

@@ -79,7 +79,11 @@ def _classify(x: PodView, nodes: Nodes, now: datetime) -> tuple[Failure | None, 
     if x.succeeded:
         return None, None
     if x.phase == "Failed" or (x.trainer_exited and x.exit_code != 0 and not x.deleting):
-        return Failure(failed_reason(x), x.exit_code, x.name, x.node, detail(x)), None
+        finished = x.finished_at.timestamp() if x.finished_at is not None else None
+        failure = Failure(
+            failed_reason(x), x.exit_code, x.name, x.node, detail(x), finished=finished
+        )
+        return failure, None
     if x.deleting:
         reason: FailureReason = failed_reason(x) if x.disruption else "PodDeleted"
         return Failure(reason, None, x.name, x.node, "deleted while the job was running"), None

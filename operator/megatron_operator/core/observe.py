@@ -154,6 +154,11 @@ class PodView:
     ready: bool = False  # the Ready condition is True (Kueue's PodsReady counts these)
     terminated_message: str | None = None  # the container's termination message (its why)
     trainer_exited: bool = False  # the trainer container terminated (sidecars may still run)
+    # Every ordinary container terminated: the pod turns Failed or Succeeded by itself. The
+    # kubelet reports the containers' exits first and the pod's phase only once it has torn
+    # the pod down, seconds later on a loaded node.
+    containers_done: bool = False
+    finished_at: datetime | None = None  # when the trainer container terminated
     # A container that cannot start: (the kubelet's reason, "container: its message").
     waiting: tuple[str, str] | None = None
     scheduled_at: datetime | None = None  # when the scheduler bound it (PodScheduled True)
@@ -164,6 +169,20 @@ class PodView:
     def active(self) -> bool:
         """Holds (or may still hold) resources: not terminated."""
         return self.phase not in ("Succeeded", "Failed")
+
+    @property
+    def failed(self) -> bool:
+        """Failed for good and not being deleted: its phase says so, or its trainer exited
+        non-zero with nothing else left running (the phase follows). Such a pod holds nothing
+        once the kubelet is done, so it can be kept for its logs."""
+        if self.deleting:
+            return False
+        return self.phase == "Failed" or (
+            self.phase != "Succeeded"
+            and self.containers_done
+            and self.exit_code is not None
+            and self.exit_code != 0
+        )
 
     @property
     def succeeded(self) -> bool:
@@ -245,6 +264,25 @@ def _trainer_exited(status: dict[str, Any]) -> bool:
     return False
 
 
+def _trainer_finished(status: dict[str, Any]) -> datetime | None:
+    for cs in status.get("containerStatuses") or []:
+        if isinstance(cs, dict) and cs.get("name") == CONTAINER_NAME:
+            state = cs.get("state")
+            term = state.get("terminated") if isinstance(state, dict) else None
+            return parse_time(term.get("finishedAt")) if isinstance(term, dict) else None
+    return None
+
+
+def _containers_done(status: dict[str, Any]) -> bool:
+    """Every ordinary container has terminated (native sidecars, being init containers, are
+    stopped by the kubelet after them)."""
+    statuses = [cs for cs in status.get("containerStatuses") or [] if isinstance(cs, dict)]
+    return bool(statuses) and all(
+        isinstance(cs.get("state"), dict) and isinstance(cs["state"].get("terminated"), dict)
+        for cs in statuses
+    )
+
+
 def _unschedulable(status: dict[str, Any]) -> str | None:
     for cond in status.get("conditions") or []:
         if (
@@ -299,6 +337,8 @@ def pod_view(raw: dict[str, Any]) -> PodView:
         owner_uid=controller_uid(meta),
         ready=_ready(status),
         trainer_exited=_trainer_exited(status),
+        containers_done=_containers_done(status),
+        finished_at=_trainer_finished(status),
         waiting=_waiting(status),
         scheduled_at=_condition_time(status, "PodScheduled", "True"),
         unschedulable_since=_condition_time(status, "PodScheduled", "False")

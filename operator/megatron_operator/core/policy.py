@@ -57,6 +57,9 @@ class Failure:
     # exit is the cause; the others typically lost their peers to it.
     order: int | None = None
     rank: int | None = None  # the global rank, for a rank the launchers reported
+    # When its container exited (seconds since the epoch; the kubelet reports whole seconds):
+    # of two pods' exits, the earlier is the cause.
+    finished: float | None = None
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,7 @@ def first_failure(failures: list[Failure]) -> Failure | None:
         "Error": 10,
     }
 
-    def key(f: Failure) -> tuple[int, bool, bool, float, bool, str]:
+    def key(f: Failure) -> tuple[int, bool, bool, float, bool, float, str]:
         # A config error decides the outcome (Fail). A lost pod explains the errors of the ranks
         # that lost their peers in it. Of the ranks the launchers reported, the first to exit
         # is the cause. Otherwise SIGTERM/SIGKILL exits are usually the launcher stopping the
@@ -172,6 +175,7 @@ def first_failure(failures: list[Failure]) -> Failure | None:
             not f.pod_lost,
             f.order if f.order is not None else math.inf,
             f.exit_code in (ExitCode.SIGTERM, ExitCode.SIGKILL),
+            f.finished if f.finished is not None else math.inf,
             f.pod or "",
         )
 

@@ -221,7 +221,7 @@ class _Machine:
 
     def kept(self, p: PodView) -> bool:
         """A failed pod kept for its logs (restartPolicy.keepFailedPods): it holds nothing."""
-        return p.name in (self.st.kept_pods or []) and p.phase == "Failed" and not p.deleting
+        return p.name in (self.st.kept_pods or []) and p.failed
 
     def keep(self, job: MegatronJob, failures: list[Failure], current: list[PodView]) -> None:
         """Keep the failed attempt's first Failed pod (the cause's when it has one), dropping
@@ -232,7 +232,7 @@ class _Machine:
         by_name = {x.name: x for x in current}
         for f in order:
             x = by_name.get(f.pod or "")
-            if limit > 0 and x is not None and x.phase == "Failed" and not x.deleting:
+            if limit > 0 and x is not None and x.failed:
                 before = self.st.kept_pods or []
                 kept = [n for n in before if n != x.name]
                 self.st.kept_pods = [*kept, x.name][-limit:]
