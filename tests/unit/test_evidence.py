@@ -335,3 +335,22 @@ def test_of_two_pods_exited_with_the_same_code_the_earlier_is_blamed() -> None:
     assert sim.status["keptPods"] == ["job-a0-3"]
     report = next(m for r, m in sim.events if r == "AttemptFailed")
     assert report.startswith("attempt 0: 2 pod(s) failed: pod job-a0-3 ")
+
+
+def test_a_succeeded_job_keeps_pods_whose_phase_has_not_yet_turned() -> None:
+    # Seen on real kubelets: the job Succeeded on the containers' exits and deleted the pods
+    # still shown Running, and with them the logs of the successful attempt.
+    sim = _sim()
+    sim.start_running()
+    for p in sim.pods.values():
+        p["status"] = {
+            "phase": "Running",
+            "containerStatuses": [
+                {"name": "trainer", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+            ],
+        }
+    out = sim.step()
+    assert sim.status["phase"] == "Succeeded"
+    assert not out.delete_pods and not out.force_delete
+    out = sim.step()
+    assert not out.delete_pods and len(sim.pods) == 4

@@ -348,8 +348,15 @@ class _Machine:
         self.event(EventType.NORMAL, Reason.SPEC_FIXED, "the spec is valid again: starting")
 
     def terminal(self, job: MegatronJob, phase: Phase) -> None:
-        # Nothing may hold a GPU after the end; failed jobs also drop their finished pods.
-        doomed = self.pods if phase == Phase.FAILED else [p for p in self.pods if p.active]
+        # Nothing may hold a GPU after the end; failed jobs also drop their finished pods. A
+        # pod whose containers have all exited holds nothing even while its phase still says
+        # Running (the kubelet turns it once the pod is torn down): a succeeded job keeps it,
+        # and its log.
+        doomed = (
+            self.pods
+            if phase == Phase.FAILED
+            else [p for p in self.pods if p.active and not p.containers_done]
+        )
         self.delete(doomed)
         self.ttl(job)
         self.quiet = True
