@@ -991,6 +991,13 @@ def test_second_cluster_node_faults_and_clean_teardown(
         )
         c.apply(pod_manifest("on-node", node_selector={"kubernetes.io/hostname": node}), "t")
         c.wait_pod_phase("t", "on-node", "Running")
+        # Every version of the pod, from a watch: under CI load the eviction's condition and the
+        # pod's removal came closer together than a polling kubectl could see.
+        watch = subprocess.Popen(
+            [str(c.kubectl_path), f"--kubeconfig={c.kubeconfig}", "get", "pod", "-n", "t",
+             "on-node", "--watch", "--output-watch-events", "-o", "json"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
         c.fail_node(node)
         assert ready(c.kubectl_json("get", "node", node)) == "False"
         time.sleep(3)  # kwok's node-initialize stage must not undo the failure
@@ -1006,20 +1013,23 @@ def test_second_cluster_node_faults_and_clean_teardown(
             30,
             what="the not-ready NoExecute taint",
         )
-        seen: list[dict[str, Any]] = []
-
-        def evicted() -> bool:
-            p = c.kubectl("get", "pod", "-n", "t", "on-node", "-o", "json", check=False)
-            if p.returncode != 0:
-                return True
-            seen.extend(
-                x
-                for x in json.loads(p.stdout)["status"].get("conditions") or []
-                if x["type"] == "DisruptionTarget"
+        try:
+            c.wait(
+                lambda: c.kubectl("get", "pod", "-n", "t", "on-node", check=False).returncode != 0,
+                60,
+                interval=0.5,
+                what="the pod on the failed node to be evicted",
             )
-            return False
-
-        c.wait(evicted, 60, interval=0.2, what="the pod on the failed node to be evicted")
+        finally:
+            watch.terminate()
+            out, _ = watch.communicate(timeout=30)
+        seen: list[dict[str, Any]] = []
+        decoder, at = json.JSONDecoder(), 0
+        while out[at:].strip():
+            at += len(out[at:]) - len(out[at:].lstrip())
+            event, at = decoder.raw_decode(out, at)
+            conditions = event["object"].get("status", {}).get("conditions") or []
+            seen.extend(x for x in conditions if x["type"] == "DisruptionTarget")
         assert seen, "no DisruptionTarget condition was seen before the pod went away"
         assert seen[-1]["reason"] == "DeletionByTaintManager"
         c.recover_node(node)
