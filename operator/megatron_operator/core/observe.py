@@ -197,14 +197,20 @@ def _text(value: object) -> str | None:
 
 def _trainer_state(status: dict[str, Any]) -> tuple[int | None, str | None, str | None]:
     """Exit code, reason and message of the trainer container's termination."""
-    for cs in status.get("containerStatuses") or []:
-        if not isinstance(cs, dict) or cs.get("name") != CONTAINER_NAME:
-            continue
-        for state in (cs.get("state"), cs.get("lastState")):
-            term = (state or {}).get("terminated") if isinstance(state, dict) else None
-            if isinstance(term, dict):
-                return _int(term.get("exitCode")), term.get("reason"), _message(term)
+    cs = _trainer_status(status)
+    for state in (cs.get("state"), cs.get("lastState")):
+        term = (state or {}).get("terminated") if isinstance(state, dict) else None
+        if isinstance(term, dict):
+            return _int(term.get("exitCode")), term.get("reason"), _message(term)
     return None, None, None
+
+
+def _trainer_status(status: dict[str, Any]) -> dict[str, Any]:
+    """The trainer container's status ({} until the kubelet reports it)."""
+    for cs in status.get("containerStatuses") or []:
+        if isinstance(cs, dict) and cs.get("name") == CONTAINER_NAME:
+            return cs
+    return {}
 
 
 def _message(term: dict[str, Any]) -> str | None:
@@ -257,20 +263,14 @@ def _condition_time(status: dict[str, Any], type_: str, value: str) -> datetime 
 def _trainer_exited(status: dict[str, Any]) -> bool:
     """The trainer container has terminated: its rank's result is in, even while an ordinary
     sidecar of the template keeps the pod Running (and holding its GPUs)."""
-    for cs in status.get("containerStatuses") or []:
-        if isinstance(cs, dict) and cs.get("name") == CONTAINER_NAME:
-            state = cs.get("state")
-            return isinstance(state, dict) and isinstance(state.get("terminated"), dict)
-    return False
+    state = _trainer_status(status).get("state")
+    return isinstance(state, dict) and isinstance(state.get("terminated"), dict)
 
 
 def _trainer_finished(status: dict[str, Any]) -> datetime | None:
-    for cs in status.get("containerStatuses") or []:
-        if isinstance(cs, dict) and cs.get("name") == CONTAINER_NAME:
-            state = cs.get("state")
-            term = state.get("terminated") if isinstance(state, dict) else None
-            return parse_time(term.get("finishedAt")) if isinstance(term, dict) else None
-    return None
+    state = _trainer_status(status).get("state")
+    term = state.get("terminated") if isinstance(state, dict) else None
+    return parse_time(term.get("finishedAt")) if isinstance(term, dict) else None
 
 
 def _containers_done(status: dict[str, Any]) -> bool:
