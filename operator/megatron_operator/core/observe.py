@@ -263,14 +263,19 @@ def _condition_time(status: dict[str, Any], type_: str, value: str) -> datetime 
 def _trainer_exited(status: dict[str, Any]) -> bool:
     """The trainer container has terminated: its rank's result is in, even while an ordinary
     sidecar of the template keeps the pod Running (and holding its GPUs)."""
+    return _trainer_terminated(status) is not None
+
+
+def _trainer_terminated(status: dict[str, Any]) -> dict[str, Any] | None:
+    """The trainer container's current terminated state, if it has one."""
     state = _trainer_status(status).get("state")
-    return isinstance(state, dict) and isinstance(state.get("terminated"), dict)
+    term = state.get("terminated") if isinstance(state, dict) else None
+    return term if isinstance(term, dict) else None
 
 
 def _trainer_finished(status: dict[str, Any]) -> datetime | None:
-    state = _trainer_status(status).get("state")
-    term = state.get("terminated") if isinstance(state, dict) else None
-    return parse_time(term.get("finishedAt")) if isinstance(term, dict) else None
+    term = _trainer_terminated(status)
+    return parse_time(term.get("finishedAt")) if term is not None else None
 
 
 def _containers_done(status: dict[str, Any]) -> bool:
