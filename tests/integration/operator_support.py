@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,15 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
+from megatron_contract.ports import free_port
+
 from .conftest import REPO, Cluster
 
 CRD = REPO / "crds" / "megatronjobs.megatron.dev.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Op:

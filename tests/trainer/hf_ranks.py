@@ -32,8 +32,10 @@ from typing import Any
 
 import torch
 
+from megatron_contract.ports import free_port
+
 from .trainer_configs import write_config
-from .trainer_runs import free_port, pod_env
+from .trainer_runs import pod_env
 
 REPO = Path(__file__).resolve().parents[2]
 MICROBATCHES = 2  # sequences in the logits batch, one per micro-batch (the interleaved

@@ -102,7 +102,7 @@ def run_megatron_lm(
     flags: list[str], world: int, workdir: Path, name: str, timeout: float = 600.0
 ) -> tuple[int, str, list[dict[str, Any]]]:
     """Run `world` Megatron-LM ranks with `flags`; (exit code, output, per-rank reports)."""
-    from .trainer_runs import free_port
+    from megatron_contract.ports import free_port
 
     report = workdir / f"{name}-report"
     report.mkdir(parents=True, exist_ok=True)

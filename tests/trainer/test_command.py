@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 
 from megatron_contract.exitcodes import ExitCode
+from megatron_contract.ports import free_port
 from megatron_trainer.forward import Forwarder
 from megatron_trainer.progress import ProgressReporter
 
 from .trainer_configs import tiny_config, write_config
-from .trainer_runs import free_port, pod_env
+from .trainer_runs import pod_env
 
 pytestmark = pytest.mark.trainer
 

@@ -18,8 +18,7 @@ import pytest
 
 from megatron_contract.exitcodes import ExitCode
 from megatron_contract.ladder import Report, parse_report
-
-from .trainer_runs import free_port
+from megatron_contract.ports import free_port
 
 STUB = Path(__file__).with_name("inplace_stub.py")
 

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from megatron_contract.exitcodes import ExitCode
+from megatron_contract.ports import free_port
 from megatron_trainer.launcher import exit_code
 
 from .trainer_configs import tiny_config, write_config
-from .trainer_runs import free_port, pod_env
+from .trainer_runs import pod_env
 
 pytestmark = pytest.mark.trainer
 

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from megatron_contract.config import ModelConfig, parse_config
+from megatron_contract.ports import free_port
 from megatron_operator.core.memory import ParallelDegrees, layer_bytes
 
 from .trainer_configs import GPT_TINY
-from .trainer_runs import free_port
 
 pytestmark = pytest.mark.trainer
 

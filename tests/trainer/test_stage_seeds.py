@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from .trainer_runs import free_port
+from megatron_contract.ports import free_port
 
 pytestmark = pytest.mark.trainer
 

@@ -67,6 +67,21 @@ def check_ranks(injections: list[Injection], world_size: int) -> None:
         )
 
 
+def due(
+    injections: list[Injection], step: int, attempt: int, injected_attempt: int
+) -> list[Injection]:
+    """The injections to fire on a report of `step` by `attempt`: those of the lowest step
+    reached and not fired yet (two ranks killed at one step fire together), and none in an attempt
+    already failed by one (`injected_attempt`). Reports are read in batches: a late batch (steps 5
+    and 6 read together) would otherwise kill the gang twice in one attempt, which is one failure,
+    not two. A later step's injections wait for a report of a later attempt."""
+    if attempt <= injected_attempt:
+        return []
+    reached = [i for i in injections if not i.fired and step >= i.step]
+    first = min((i.step for i in reached), default=None)
+    return [i for i in reached if i.step == first]
+
+
 def rank_pids(roots: list[int]) -> dict[int, int]:
     """Global rank → PID of the rank processes under these pod processes: the built-in worker
     (not one waiting in standby), or a trainer.command (the launcher's own children)."""

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from types import FrameType
 from typing import IO, Any
 
 from megatron_contract.ladder import parse_report
+from megatron_contract.ports import free_port
 from megatron_operator.api.job import API_VERSION, KIND, MegatronJob
 from megatron_operator.api.status import Phase
 from megatron_operator.core.observe import LeaseView, PodView, parse_progress
@@ -35,19 +35,13 @@ from megatron_operator.core.planner import Plan
 from megatron_operator.core.reconcile import Outcome, World, reconcile
 
 from .display import Display
-from .inject import Injection, fire
+from .inject import Injection, due, fire
 from .pods import Layout, local_config, local_pods
 from .summary import ProgressLog, complete_checkpoints, plot_losses, write_summary
 
 POLL_SECONDS = 0.1
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = {signal.SIGINT: 130, signal.SIGTERM: 143}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -129,6 +123,7 @@ class LocalRunner:
         self.layout = layout
         self.display = display
         self.injections = injections
+        self.injected_attempt = -1  # the last attempt an injection failed
         self.python = python
         self.grace = float(job.spec.checkpoint.grace_period_seconds)
         self.progress = ProgressLog(layout.progress)
@@ -232,6 +227,11 @@ class LocalRunner:
         self._stop(list(self.pods.values()))
         for rec in self.progress.read_new():
             self.display.progress(rec)
+        for inj in self.injections:
+            if not inj.fired:
+                self.display.event(
+                    f"injected failure not fired: {inj.describe()} (the job ended first)"
+                )
         cond: dict[str, Any] = next(
             (c for c in status.get("conditions", []) if c.get("type") == status["phase"]), {}
         )
@@ -307,12 +307,13 @@ class LocalRunner:
             _write_atomically(self.layout.config, text)
 
     def _maybe_inject(self, rec: dict[str, Any]) -> None:
-        step = rec.get("iteration")
-        if not isinstance(step, int):
+        step, attempt = rec.get("iteration"), rec.get("attempt")
+        if not isinstance(step, int) or not isinstance(attempt, int):
             return
         pids = [r.proc.pid for r in self.pods.values() if r.code is None]
-        for inj in self.injections:
-            if not inj.fired and step >= inj.step and fire(inj, pids):
+        for inj in due(self.injections, step, attempt, self.injected_attempt):
+            if fire(inj, pids):
+                self.injected_attempt = attempt
                 self.display.event(f"injected failure: {inj.describe()} (reached step {step})")
 
     def _stop(self, pods: list[Running]) -> None:

@@ -36,6 +36,7 @@ from megatron_contract.ladder import (
     RankFailure,
     Report,
 )
+from megatron_contract.ports import free_port
 
 from .sources import Sink, Source
 from .wire import Conn, Message, ProtocolError, count
@@ -49,12 +50,6 @@ REPORT_SETTLE_SECONDS = 0.05
 
 def now_text() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def raise_fd_limit() -> None:
