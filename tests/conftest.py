@@ -23,6 +23,9 @@ def xdist_group(item: pytest.Item) -> str | None:
     - The tests that need the session's cluster with real nodes: that cluster is started once
       per worker that uses it, and two of them on one machine would collide (node names,
       namespaces, ~10 GB of images each).
+    - The tests that read the trainer's reference runs (a 10-step run per layout, cached for the
+      session): spread over three workers, the same runs were made on each (tp1 up to three
+      times).
     - A module's own `pytest.mark.xdist_group`.
     - The tests of a module with a module-scoped fixture of ours (a training run, an S3 server
       and two jobs, an operator): such a fixture is made once per worker that runs one of its
@@ -33,8 +36,11 @@ def xdist_group(item: pytest.Item) -> str | None:
     path = Path(str(item.path)).resolve()
     if TESTS not in path.parents:
         return None
-    if "real_cluster" in getattr(item, "fixturenames", ()):
+    fixtures = getattr(item, "fixturenames", ())
+    if "real_cluster" in fixtures:
         return "real-nodes"
+    if "reference_runs" in fixtures:
+        return "reference-runs"
     names = sorted({str(m.args[0]) for m in item.iter_markers("xdist_group") if m.args})
     if names:
         return "_".join(names)

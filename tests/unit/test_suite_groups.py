@@ -46,3 +46,24 @@ def test_each_group_runs_on_one_worker(tmp_path: Path) -> None:
     # A module with a module-scoped fixture of ours is one group: the fixture is made once.
     module = "module:tests/unit/test_alert_rules.py"
     assert len(workers.get(module, ())) == 1, dict(workers)
+
+
+class _Item:
+    """What `xdist_group` reads of a collected test."""
+
+    def __init__(self, path: Path, fixtures: tuple[str, ...]) -> None:
+        self.path = path
+        self.fixturenames = fixtures
+
+    def iter_markers(self, name: str) -> list[object]:
+        return []
+
+
+def test_the_reference_runs_are_one_group() -> None:
+    from tests.conftest import xdist_group
+
+    layouts = REPO / "tests" / "trainer" / "test_layouts.py"
+    resume = REPO / "tests" / "trainer" / "test_resume.py"
+    assert xdist_group(_Item(layouts, ("reference_runs",))) == "reference-runs"  # type: ignore[arg-type]
+    assert xdist_group(_Item(resume, ("workdir", "reference_runs"))) == "reference-runs"  # type: ignore[arg-type]
+    assert xdist_group(_Item(resume, ("workdir",))) is None  # type: ignore[arg-type]
