@@ -13,6 +13,9 @@ import socket
 
 RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 LOWEST = 10000  # above the well-known and most registered service ports
+# Below Kubernetes' default NodePort range (30000-32767): on a host-network pod, kube-proxy's rules
+# would send a connection to such a port on the node's address to a Service instead.
+HIGHEST = 30000
 TRIES = 50
 
 
@@ -36,11 +39,11 @@ def _bindable(host: str, port: int) -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port on `host` that nothing listens on, below the ephemeral range where there is room;
-    otherwise one the kernel picks."""
-    low, _ = ephemeral_range()
-    if low - LOWEST > TRIES:
-        for port in random.sample(range(LOWEST, low), TRIES):
+    """A port on `host` that nothing listens on, below the ephemeral and NodePort ranges where
+    there is room; otherwise one the kernel picks."""
+    top = min(ephemeral_range()[0], HIGHEST)
+    if top - LOWEST > TRIES:
+        for port in random.sample(range(LOWEST, top), TRIES):
             if _bindable(host, port):
                 return port
     with socket.socket() as s:
