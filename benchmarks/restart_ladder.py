@@ -42,6 +42,8 @@ from typing import Any
 
 import yaml
 
+from megatron_contract.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -219,7 +221,7 @@ def start_launchers(b: Bench, ns: str, job: str, nodes: int, out: Path) -> Launc
     token = out / "token"
     token.write_text(b.kubectl("create", "token", f"{job}-trainer", "-n", ns, "--duration=2h"))
     (out / "control").mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     common = [
         "--nodes", str(nodes), "--port", str(port), "--namespace", ns, "--job", job,
         "--api", cluster["server"], "--token", str(token), "--ca", str(ca),
@@ -249,14 +251,6 @@ def start_launchers(b: Bench, ns: str, job: str, nodes: int, out: Path) -> Launc
                 )
             )
     return launchers
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class StatusWatch:

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "trainer"))
 
 from megatron_contract.config import parse_config  # noqa: E402 - after the path tweak
+from megatron_contract.ports import free_port  # noqa: E402
 from megatron_trainer.flops import flops_per_step  # noqa: E402
 
 PEAK_NOTE = "MFU against the dense bf16 peak (H100/H200 SXM 989, NVL 835, H100 PCIe 756 TFLOP/s)"
@@ -86,12 +86,6 @@ def resolved_config(args: argparse.Namespace, ckpt: Path, smoke: bool) -> dict[s
         "progress": {"annotation": "megatron.dev/progress", "minIntervalSeconds": 10},
         "profiling": None,
     }  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_trainer(config_path: Path, log_path: Path) -> tuple[int, list[str]]:

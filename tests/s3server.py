@@ -18,15 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from megatron_contract.ports import free_port
+
 ACCESS_KEY = "test-access-key"
 SECRET_KEY = "test-secret-key"
 REGION = "us-east-1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def moto_server_command() -> list[str]:
@@ -50,7 +46,7 @@ class S3Server:
 
     @classmethod
     def start(cls, workdir: Path, bucket: str = "checkpoints") -> S3Server:
-        port = _free_port()
+        port = free_port()
         log = (workdir / "moto.log").open("wb")
         proc = subprocess.Popen(
             [*moto_server_command(), "-H", "127.0.0.1", "-p", str(port)],
