@@ -209,7 +209,9 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     cluster.kubectl("create", "namespace", name)
     cluster.wait(
         lambda: (
-            cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode
+            cluster.kubectl(
+                "get", "serviceaccount", "default", "-n", name, "-o", "json", check=False
+            ).returncode
             == 0
         ),
         timeout=30,

@@ -607,7 +607,10 @@ def test_eviction_adds_disruption_target_and_pod_goes_away(
     assert conds["DisruptionTarget"]["reason"] == "EvictionByEvictionAPI"
     cluster.wait(
         lambda: (
-            cluster.kubectl("get", "pod", "-n", namespace, "evictee", check=False).returncode != 0
+            cluster.kubectl(
+                "get", "pod", "-n", namespace, "evictee", "-o", "json", check=False
+            ).returncode
+            != 0
         ),
         15,
         what="the evicted pod to be gone (kwok pod-delete stage)",
@@ -985,7 +988,10 @@ def test_second_cluster_node_faults_and_clean_teardown(
         node = c.nodes[0]
         c.kubectl("create", "namespace", "t")
         c.wait(
-            lambda: c.kubectl("get", "sa", "default", "-n", "t", check=False).returncode == 0,
+            lambda: (
+                c.kubectl("get", "sa", "default", "-n", "t", "-o", "json", check=False).returncode
+                == 0
+            ),
             30,
             what="default SA",
         )
@@ -1015,7 +1021,12 @@ def test_second_cluster_node_faults_and_clean_teardown(
         )
         try:
             c.wait(
-                lambda: c.kubectl("get", "pod", "-n", "t", "on-node", check=False).returncode != 0,
+                lambda: (
+                    c.kubectl(
+                        "get", "pod", "-n", "t", "on-node", "-o", "json", check=False
+                    ).returncode
+                    != 0
+                ),
                 60,
                 interval=0.5,
                 what="the pod on the failed node to be evicted",

@@ -359,7 +359,7 @@ def test_main_scenario_sigkill_gang_restart_exact_resume(
     # The TTL deletes the job; its created claim is kept (retention Retain), and so are the
     # checkpoints on it: the newest complete one is the last iteration.
     c.wait(
-        lambda: c.kubectl("get", "mj", "-n", ns, "tiny", check=False).returncode != 0,
+        lambda: c.kubectl("get", "mj", "-n", ns, "tiny", "-o", "json", check=False).returncode != 0,
         120,
         1.0,
         "the TTL to delete the job",

@@ -160,7 +160,10 @@ def test_operator_restarts_at_1024_nodes_restart_no_job(
     big.kubectl("create", "namespace", ns)
     big.wait(
         lambda: (
-            big.kubectl("get", "serviceaccount", "default", "-n", ns, check=False).returncode == 0
+            big.kubectl(
+                "get", "serviceaccount", "default", "-n", ns, "-o", "json", check=False
+            ).returncode
+            == 0
         ),
         30,
         what="the default ServiceAccount",
