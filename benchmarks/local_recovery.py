@@ -1,13 +1,12 @@
 """Time from a kill to the first resumed step, for `mjob run --local` on the CPU example, for
-both restart strategies: InPlace (the ranks restart inside the running launcher process, from
-its standby processes) and Recreate (the launcher process is replaced, cold).
+both restart strategies: InPlace (the ranks restart inside the running launcher process, forked
+by its zygote) and Recreate (the launcher process is replaced, cold).
 
 Runs `mjob run examples/cpu-tiny.yaml --local --inject-failure STEP:1` and reads rank 0's log
 (millisecond timestamps): the kill happens when rank 0 logs STEP (the runner follows the progress
 file every 0.1 s and kills rank 1 at once); recovery ends at the next attempt's first logged
 step. Goal: ≤ 20 s. The figure includes the example's 1 s backoff, the gloo rendezvous, the
-checkpoint load and one step; Recreate also the new processes' imports. The run waits a little
-before the kill so that InPlace's standby processes are ready (STANDBY_WAIT).
+checkpoint load and one step; Recreate also the new processes' imports.
 
 Run: python benchmarks/local_recovery.py [--repeat 3]
 """
@@ -25,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-STEP = 40  # late enough for the standbys (10 s delay, then their imports) on this machine
+STEP = 40  # a kill well into the run, past the first checkpoints
 LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \[rank 0\] INFO \S+: iteration (\d+)/")
 
 

@@ -7,7 +7,7 @@ alternating, so load drifts hit both. At iteration 8 one rank process of node ra
 SIGKILLed (`cluster kill-process`: a rank, not the container):
 
 - InPlace: the launcher reports it, the operator decides, and after the backoff every launcher
-  starts the next attempt's ranks in the same pods (from their standby processes);
+  starts the next attempt's ranks in the same pods (forked by each pod's zygote);
 - Recreate: the launcher exits with the rank's code, the pod fails, and the operator deletes
   both pods and creates the next attempt's.
 
@@ -125,7 +125,7 @@ def one(c: RealCluster, strategy: str) -> dict[str, float]:
     try:
         c.wait(lambda: log.iteration() >= 8, 600, 0.2, "iteration 8")
         if strategy == "InPlace":
-            # A restart takes its ranks from standby processes that have imported torch:
+            # A restart's ranks are forked by the pod's zygote, which has imported torch:
             # give them the time they take on this machine (the delay, then the imports).
             time.sleep(25)
         pod = next(
@@ -143,7 +143,7 @@ def one(c: RealCluster, strategy: str) -> dict[str, float]:
             "kill → first resumed step": resumed[0] - killed,
             "resumed at iteration": float(resumed[1]["iteration"]),
             "restarts": float(status["restarts"]),
-            "warm": float("from standby" in log.text()),
+            "warm": float("forked by the pod's zygote" in log.text()),
             "rung": 0.0 if status["lastFailure"]["rung"] == "InPlace" else 1.0,
         }
     finally:
@@ -185,7 +185,7 @@ def main() -> int:
                     f"{strategy} run {len(results[strategy])}: kill → first resumed step "
                     f"{r['kill → first resumed step']:.1f} s (resumed at iteration "
                     f"{r['resumed at iteration']:.0f}, restarts {r['restarts']:.0f}"
-                    + (", ranks from standby processes" if r["warm"] else "")
+                    + (", ranks forked by the pods' zygotes" if r["warm"] else "")
                     + f"; load {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )

@@ -45,12 +45,14 @@ from megatron_contract.paths import TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 from . import profilers
 from .agent.ranks import (
     _PR_SET_CHILD_SUBREAPER,
+    Forked,
     _die_with_parent,
     descendants,
     exit_code,
     prctl,
     send,
 )
+from .agent.zygote import Zygote
 from .decisions import CUDA_DEVICE_MAX_CONNECTIONS, cuda_env_defaults
 from .forward import Forwarder, progress_log_path
 from .profilers import nsys
@@ -106,13 +108,16 @@ class Supervisor:
         command: Sequence[str] | RankCommand,
         parallel: tuple[int, int] = (1, 1),
         wrap: Callable[[int, list[str]], list[str]] | None = None,
+        zygote: Sequence[str] | None = None,
     ) -> None:
         self.env = env
         self.cpu = cpu
         self.parallel = parallel
         self.command = command
         self.wrap = wrap  # a global rank's command, e.g. under nsys (profiling)
-        self.ranks: dict[int, subprocess.Popen[bytes]] = {}
+        self.zygote_command = zygote  # the built-in worker's: its ranks are forked (zygote.py)
+        self.zygote: Zygote | None = None
+        self.ranks: dict[int, subprocess.Popen[bytes] | Forked] = {}
         self.codes: dict[int, int] = {}
         self.first_failure: int | None = None
         self.terminating = False
@@ -121,9 +126,17 @@ class Supervisor:
         prctl(_PR_SET_CHILD_SUBREAPER, 1)
         for local_rank in range(self.env.nproc_per_node):
             env = rank_env(os.environ, self.env, local_rank, self.cpu, self.parallel)
-            command = self.argv(env)
+            plain = self.argv(env)
+            command = plain
             if self.wrap is not None:
-                command = self.wrap(self.env.global_rank(local_rank), command)
+                command = self.wrap(self.env.global_rank(local_rank), plain)
+            if self.zygote_command is not None and command == plain:
+                if self.zygote is None:
+                    self.zygote = Zygote(self.zygote_command, env)
+                pid = self.zygote.fork(env) if self.zygote.usable else None
+                if pid is not None:
+                    self.ranks[pid] = Forked(pid)
+                    continue
             proc = subprocess.Popen(
                 command,
                 env=env,
@@ -171,6 +184,8 @@ class Supervisor:
             elif code == ExitCode.SIGTERM and straggler_deadline is None:
                 straggler_deadline = time.monotonic() + STRAGGLER_SECONDS
         self._kill_all()  # leftovers such as checkpoint writers of a killed rank
+        if self.zygote is not None:
+            self.zygote.close()
         if self.first_failure is not None:
             return self.first_failure
         nonzero = [c for c in self.codes.values() if c != ExitCode.OK]
@@ -297,9 +312,9 @@ def _run_in_place(
         for local in range(env.nproc_per_node)
         if env.global_rank(local) in NsysCaptures(config, env.restart_attempt).ranks
     }
-    # The built-in worker can wait imported for the next attempt (worker.py --standby); a
-    # rank under nsys cannot (nsys must start it), so it always starts cold.
-    code = inplace.run(env, command, env_for, [*command, "--standby"], wrap, profiled)
+    # The built-in worker's ranks are forked by the pod's zygote (agent/zygote.py), which has
+    # imported torch and Megatron-Core once; a rank under nsys cannot be (nsys must start it).
+    code = inplace.run(env, command, env_for, command, wrap, profiled)
     for capture in captures.values():
         capture.upload()
     return code
@@ -343,7 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # are plain processes this supervisor starts once and the gang is recreated on a failure.
     progress_log = set_progress_log(config)
     captures = NsysCaptures(config, env.restart_attempt)
-    supervisor = Supervisor(env, cpu, rank_command(config), parallel, wrap=captures.wrap)
+    command = rank_command(config)
+    zygote = command if config.trainer is None and not callable(command) else None
+    supervisor = Supervisor(env, cpu, command, parallel, wrap=captures.wrap, zygote=zygote)
     supervisor.start()
     forwarder = forward_progress(config, env, progress_log)
     try:

@@ -5,11 +5,10 @@ spawn-context multiprocessing Manager, which re-imports this module as `__mp_mai
 imports here would cost that helper process seconds of start-up (and without the __main__
 guard it would start training again).
 
-`--standby`: the launcher (InPlace) keeps one such process per local rank ready for the next
-attempt. It imports torch and Megatron-Core (seconds, the bulk of a rank's start-up) and waits;
-the launcher releases it with one line of JSON on stdin, the variables that differ for the
-attempt it then runs (its MEGATRON_RESTART_ATTEMPT and MASTER_PORT). It has opened no process
-group and touched no device before that: the attempt still gets fresh ranks.
+`--zygote REQ REP`: the pod's zygote (agent/zygote.py). It imports torch and Megatron-Core once
+(seconds, the bulk of a rank's start-up) and forks the pod's ranks, for every attempt, on the
+launcher's requests. It opens no process group, touches no device and runs no torch operation:
+every rank it forks starts as fresh as one started on its own.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import atexit
 import json
 import logging
 import os
-import select
 import sys
 import traceback
 import warnings
@@ -27,13 +25,10 @@ from megatron_contract.config import load_config
 from megatron_contract.env import runtime_env
 from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
+from megatron_contract.procname import rank_comm
 
 from .numerics import NonFiniteLoss
 from .signals import StopFlag
-
-# A standby waits this long before importing, so that a just-started attempt's ranks have the
-# CPU to themselves while they set up; released earlier, it imports then, as a rank would.
-STANDBY_DELAY_SECONDS = 10.0
 
 
 def _quiet_warnings() -> None:
@@ -61,23 +56,87 @@ def _import_everything() -> None:
     from . import loop  # noqa: F401
 
 
-def standby(delay: float = STANDBY_DELAY_SECONDS) -> bool:
-    """Import, then wait for the launcher's release (True) or for it to let go (False)."""
+def fork_unsafe() -> str:
+    """Why forking ranks from this process would be unsafe, or "" when it is safe: a CUDA driver
+    initialised here is unusable in a forked child, and a fork copies only the calling thread
+    (a lock held by another thread stays held for ever in the child)."""
+    try:
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
+            cuda_loaded = "libcuda.so" in maps.read()
+    except OSError:
+        cuda_loaded = False
+    if cuda_loaded:
+        import ctypes
+
+        count = ctypes.c_int(0)
+        # Without cuInit the driver answers CUDA_ERROR_NOT_INITIALIZED (3): loaded, never started.
+        if ctypes.CDLL("libcuda.so.1").cuDeviceGetCount(ctypes.byref(count)) != 3:
+            return "the imports initialised the CUDA driver"
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    if threads != 1:
+        return f"the imports started {threads - 1} thread(s)"
+    return ""
+
+
+def zygote(req_fd: int, rep_fd: int) -> int:
+    """The pod's zygote (agent/zygote.py): import once, then fork a rank per request."""
     _quiet_warnings()
-    ready, _, _ = select.select([sys.stdin], [], [], delay)
-    if not ready:
-        _import_everything()
-    line = sys.stdin.readline()
-    if not line.strip():
-        return False  # the launcher closed the pipe: not needed
-    changes = json.loads(line)
-    os.environ.update({str(k): str(v) for k, v in changes.items()})
-    # Released: stdin no longer the launcher's pipe, which is how a process that looks for this
-    # rank (`mjob run --inject-failure`) tells it from a standby still waiting.
+    _import_everything()
+    reason = fork_unsafe()
+    os.write(rep_fd, (f"unsafe {reason}\n" if reason else "ready\n").encode())
+    if reason:
+        return 0
+    with os.fdopen(req_fd, "rb") as requests:
+        for line in requests:
+            request = json.loads(line)
+            child = os.fork()
+            if child == 0:
+                try:
+                    rank = os.fork()
+                    if rank == 0:
+                        _become_rank(request, requests.fileno(), rep_fd)
+                    os.write(rep_fd, f"{rank}\n".encode())
+                finally:
+                    os._exit(0)
+            os.waitpid(child, 0)
+    return 0
+
+
+def _become_rank(request: dict[str, object], *fds: int) -> None:
+    """In a forked rank: become the launcher's child, take the rank's environment, train."""
+    import ctypes
+    import signal
+    import time
+
+    for fd in fds:
+        os.close(fd)
+    launcher = int(str(request["launcher"]))
+    env = {str(k): str(v) for k, v in dict(request["env"]).items()}  # type: ignore[call-overload]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(15, rank_comm(env.get("RANK", "")).encode(), 0, 0, 0)  # PR_SET_NAME
+    # The child between us and the zygote exits at once; the launcher, a child subreaper, then
+    # adopts this process. Only then may it ask to die with its parent (asked earlier, it would
+    # die with the child).
+    deadline = time.monotonic() + 10
+    while os.getppid() != launcher:
+        if time.monotonic() > deadline:
+            os._exit(CRASH)
+        time.sleep(0.0005)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != launcher:  # the launcher died in between
+        os._exit(CRASH)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    return True
+    os.environ.clear()
+    os.environ.update(env)
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        # libgomp read OMP_NUM_THREADS when the zygote loaded it, with the zygote's env.
+        torch.set_num_threads(int(threads))
+    _exit(main())
 
 
 def main() -> int:
@@ -136,6 +195,6 @@ def _exit(code: int) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--standby"] and not standby():
-        _exit(0)
+    if sys.argv[1:2] == ["--zygote"]:
+        _exit(zygote(int(sys.argv[2]), int(sys.argv[3])))
     _exit(main())

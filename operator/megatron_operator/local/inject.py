@@ -6,6 +6,7 @@ import os
 import signal
 from dataclasses import dataclass
 
+from megatron_contract.procname import rank_of_comm
 from megatron_operator.api.errors import FieldError, SpecError
 
 
@@ -83,8 +84,10 @@ def due(
 
 
 def rank_pids(roots: list[int]) -> dict[int, int]:
-    """Global rank → PID of the rank processes under these pod processes: the built-in worker
-    (not one waiting in standby), or a trainer.command (the launcher's own children)."""
+    """Global rank → PID of the rank processes under these pod processes: a rank forked by its
+    pod's zygote (named by its command name, megatron_contract/procname.py), a built-in worker
+    started on its own, or a trainer.command (the launcher's own children) (RANK in their
+    environment)."""
     import psutil
 
     found: dict[int, int] = {}
@@ -95,6 +98,10 @@ def rank_pids(roots: list[int]) -> dict[int, int]:
             continue
         for child in children:
             try:
+                forked = rank_of_comm(child.name())
+                if forked is not None:
+                    found.setdefault(forked, child.pid)
+                    continue
                 cmd = child.cmdline()
                 rank = child.environ().get("RANK")
                 parent = child.ppid()
@@ -106,21 +113,10 @@ def rank_pids(roots: list[int]) -> dict[int, int]:
                 and rank.isascii()
                 and rank.isdigit()
                 and (worker or parent == root)
-                and not _waiting_standby(child.pid, cmd)
+                and "--zygote" not in cmd
             ):
                 found.setdefault(int(rank), child.pid)
     return found
-
-
-def _waiting_standby(pid: int, cmd: list[str]) -> bool:
-    """A launcher's standby for the next attempt, not released yet: its stdin is still the
-    launcher's pipe (a released one reads /dev/null). It runs no rank."""
-    if "--standby" not in cmd:
-        return False
-    try:
-        return os.readlink(f"/proc/{pid}/fd/0").startswith("pipe:")
-    except OSError:
-        return False
 
 
 def fire(injection: Injection, roots: list[int]) -> bool:

@@ -206,7 +206,7 @@ class Agent:
             warm = getattr(self.ranks, "warm", 0)
             self.say(
                 f"started the ranks of attempt {attempt} (rendezvous port {port}"
-                + (f"; {warm} of {self.nproc} from standby processes)" if warm else ")")
+                + (f"; {warm} of {self.nproc} forked by the pod's zygote)" if warm else ")")
             )
             self.epoch = attempt
             self.succeeded.clear()

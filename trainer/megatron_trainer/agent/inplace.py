@@ -67,7 +67,7 @@ def run(
     env: RuntimeEnv,
     command: Sequence[str],
     env_for: EnvFor,
-    standby: Sequence[str] | None = None,
+    zygote: Sequence[str] | None = None,
     wrap: Wrap | None = None,
     cold: set[int] | None = None,
 ) -> int:
@@ -93,7 +93,9 @@ def run(
             f"coordinating {env.nnodes} launcher(s) on port {coordinator.port}; decisions from "
             f"{where}" + ("" if source else ": a failed rank will end its pod")
         )
-    ranks = RankProcesses(env.nproc_per_node, command, env_for, standby, wrap, cold)
+    ranks = RankProcesses(env.nproc_per_node, command, env_for, zygote, wrap, cold)
+    # The zygote imports while this launcher connects and waits for the gang's first start.
+    ranks.prepare(env.restart_attempt, env.master_port)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -118,7 +120,7 @@ def run(
         return agent.run()
     finally:
         signal.set_wakeup_fd(-1)
-        ranks.drop_standbys()
+        ranks.close()
         ranks.kill()
         if coordinator is not None:
             coordinator.stop()

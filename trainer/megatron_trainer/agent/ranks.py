@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .zygote import Zygote
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -104,13 +106,21 @@ EnvFor = Callable[[int, int, int], Mapping[str, str]]  # (local rank, attempt, p
 Wrap = Callable[[int, int, list[str]], list[str]]  # (local rank, attempt, command) → command
 
 
+class Forked:
+    """A rank forked by the zygote: a PID the launcher reaps (the Popen of a forked process)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+
 class RankProcesses:
     """`nproc` processes running `command`, each with `env_for(local rank, attempt, port)`.
 
-    With a `standby` command, one process per local rank is kept ready for the next attempt: it
-    imports what a rank needs and waits on its stdin, where `start` writes the variables that
-    differ for the attempt (one JSON line). Only what a rank costs before it touches a process
-    group or a device is saved; a standby that died is replaced by a cold start."""
+    With a `zygote` command, the ranks are forked by the pod's zygote (zygote.py), which imports
+    what a rank needs once and forks the ranks of every attempt; a rank it cannot fork (the
+    zygote is still importing past its timeout, found its imports unsafe to fork, or died)
+    starts as its own process, as every rank does without one."""
 
     KILL_WAIT_SECONDS = 30.0  # a process in uninterruptible sleep (a hung NFS write) may linger
 
@@ -119,86 +129,73 @@ class RankProcesses:
         nproc: int,
         command: Sequence[str],
         env_for: EnvFor,
-        standby: Sequence[str] | None = None,
+        zygote: Sequence[str] | None = None,
         wrap: Wrap | None = None,
         cold: set[int] | None = None,
     ) -> None:
         self.nproc = nproc
         self.command = list(command)
         self.env_for = env_for
-        self.standby_command = list(standby) if standby else None
+        self.zygote_command = list(zygote) if zygote else None
+        self.zygote: Zygote | None = None
         self.wrap = wrap  # a rank's command, e.g. under a profiler, per attempt
-        self.cold = cold or set()  # local ranks that never start from a standby
-        self.standbys: dict[int, tuple[subprocess.Popen[bytes], dict[str, str]]] = {}
-        self.warm = 0  # ranks the last start took from standbys
+        self.cold = cold or set()  # local ranks that never start from the zygote
+        self.warm = 0  # ranks the last start forked from the zygote
         # pid → (local rank, process), for the ranks not reaped yet. The Popen objects are kept:
         # one dropped unreaped would be reaped by subprocess's own cleanup, hiding its exit code.
-        self.procs: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
+        self.procs: dict[int, tuple[int, subprocess.Popen[bytes] | Forked]] = {}
+        # A forked rank is the launcher's child from the moment its middle process exits, which
+        # can be before its PID is known here: what `reap` found of unknown PIDs, kept for that.
+        self.unclaimed: dict[int, int] = {}
+        self.ended: list[tuple[int, int]] = []
 
     @property
     def running(self) -> bool:
         return bool(self.procs)
 
+    def prepare(self, attempt: int, port: int) -> None:
+        """Start the zygote now (it imports while the launcher waits for its first start)."""
+        if self.zygote_command is not None and self.zygote is None and len(self.cold) < self.nproc:
+            from .zygote import Zygote  # zygote.py imports this module
+
+            self.zygote = Zygote(self.zygote_command, self.env_for(0, attempt, port))
+
     def start(self, attempt: int, port: int) -> None:
         self.warm = 0
+        self.prepare(attempt, port)
         for local in range(self.nproc):
             env = dict(self.env_for(local, attempt, port))
-            proc = self._release(local, env)
-            if proc is not None:
+            pid = None
+            if local not in self.cold and self.zygote is not None and self.zygote.usable:
+                pid = self.zygote.fork(env)
+            if pid is not None:
                 self.warm += 1
-            else:
-                command = self.wrap(local, attempt, self.command) if self.wrap else self.command
-                proc = subprocess.Popen(
-                    command,
-                    env=env,
-                    preexec_fn=_die_with_parent,  # noqa: PLW1509 - only a pre-resolved prctl
-                )
-            self.procs[proc.pid] = (local, proc)
-        self._prepare(attempt, port)
-
-    def _release(self, local: int, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
-        """Hand a standby the variables of this attempt; None if there is none alive."""
-        ready = self.standbys.pop(local, None)
-        if ready is None:
-            return None
-        proc, base = ready
-        changes = {k: v for k, v in env.items() if base.get(k) != v}
-        try:
-            if proc.poll() is not None or proc.stdin is None:
-                raise OSError("the standby is gone")
-            proc.stdin.write(json.dumps(changes).encode() + b"\n")
-            proc.stdin.close()
-        except OSError:
-            send(proc.pid, signal.SIGKILL)
-            return None
-        return proc
-
-    def _prepare(self, attempt: int, port: int) -> None:
-        """Start the standbys for the next attempt (they import while this one trains)."""
-        if self.standby_command is None:
-            return
-        for local in range(self.nproc):
-            if local in self.standbys or local in self.cold:
+                self._claim(local, Forked(pid))
                 continue
-            env = dict(self.env_for(local, attempt, port))
+            command = self.wrap(local, attempt, self.command) if self.wrap else self.command
             proc = subprocess.Popen(
-                self.standby_command,
+                command,
                 env=env,
-                stdin=subprocess.PIPE,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - only a pre-resolved prctl
             )
-            self.standbys[local] = (proc, env)
+            self.procs[proc.pid] = (local, proc)
 
-    def drop_standbys(self) -> None:
-        for proc, _ in self.standbys.values():
-            send(proc.pid, signal.SIGKILL)
-            if proc.stdin is not None:
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()
-        self.standbys.clear()
+    def _claim(self, local: int, proc: Forked) -> None:
+        code = self.unclaimed.pop(proc.pid, None)
+        if code is None:
+            self.procs[proc.pid] = (local, proc)
+        else:  # it ended before its PID came back from the zygote
+            proc.returncode = code
+            self.ended.append((local, code))
+
+    def close(self) -> None:
+        """Stop the zygote (the launcher is done)."""
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
 
     def reap(self) -> list[tuple[int, int]]:
-        ended = []
+        ended, self.ended = self.ended, []
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -206,11 +203,16 @@ class RankProcesses:
                 break
             if pid == 0:
                 break
+            code = exit_code(os.waitstatus_to_exitcode(status))
             entry = self.procs.pop(pid, None)
             if entry is None:
-                continue  # an orphan adopted as subreaper
+                if self.zygote is not None and pid == self.zygote.pid:
+                    self.zygote.proc = None  # reaped here; later ranks start on their own
+                    self.zygote.close()
+                else:  # an orphan adopted as subreaper, or a forked rank not claimed yet
+                    self.unclaimed[pid] = code
+                continue
             local, proc = entry
-            code = exit_code(os.waitstatus_to_exitcode(status))
             proc.returncode = code  # reaped here: Popen must not wait for it again
             ended.append((local, code))
         return ended
@@ -220,7 +222,7 @@ class RankProcesses:
             send(pid, sig)
 
     def kill(self) -> None:
-        keep = {proc.pid for proc, _ in self.standbys.values()}
+        keep = {self.zygote.pid} if self.zygote is not None and self.zygote.pid else set()
         deadline = time.monotonic() + self.KILL_WAIT_SECONDS
         while True:
             for pid in descendants(os.getpid(), keep):
@@ -230,3 +232,5 @@ class RankProcesses:
                 break
             time.sleep(0.01)
         self.procs.clear()
+        self.unclaimed.clear()
+        self.ended.clear()
