@@ -260,10 +260,16 @@ def test_bucket_size_follows_megatron_lm() -> None:
 
 
 def test_params_are_broadcast_only_on_a_fresh_start_with_replicas() -> None:
-    assert needs_param_broadcast(loads_weights=False, data_parallel=2, expert_data_parallel=1)
-    assert needs_param_broadcast(loads_weights=False, data_parallel=1, expert_data_parallel=2)
-    assert not needs_param_broadcast(loads_weights=True, data_parallel=8, expert_data_parallel=8)
-    assert not needs_param_broadcast(loads_weights=False, data_parallel=1, expert_data_parallel=1)
+    def needs(loads: bool, dp: int, edp: int, fsdp: bool = False) -> bool:
+        return needs_param_broadcast(
+            loads_weights=loads, data_parallel=dp, expert_data_parallel=edp, fsdp=fsdp
+        )
+
+    assert needs(False, 2, 1) and needs(False, 1, 2)
+    assert not needs(True, 8, 8)
+    assert not needs(False, 1, 1)
+    # Megatron FSDP: never (tests/trainer/test_fsdp_cpu.py shows the broadcast would raise).
+    assert not needs(False, 8, 8, fsdp=True)
 
 
 def test_context_parallel_without_te_is_a_config_error(tmp_path: Path) -> None:

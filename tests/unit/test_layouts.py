@@ -309,7 +309,7 @@ def test_the_operator_writes_the_chosen_layout_into_status() -> None:
     from .sim import Sim
 
     doc = _auto_doc(resources={"nodes": 2, "procsPerNode": 8})
-    chosen = suggestions(load_job(doc).spec)[0].plan
+    chosen = auto_choice(suggestions(load_job(doc).spec)).plan  # type: ignore[union-attr]
     doc["metadata"].update(uid="uid-auto", generation=1)
     sim = Sim(job=doc)
     sim.step()

@@ -140,7 +140,7 @@ def recorded_bucket_size(common: dict[str, Any]) -> int | None:
 
 
 def needs_param_broadcast(
-    loads_weights: bool, data_parallel: int, expert_data_parallel: int
+    loads_weights: bool, data_parallel: int, expert_data_parallel: int, fsdp: bool
 ) -> bool:
     """Whether DP rank 0's weights must be broadcast to the other DP ranks at start.
 
@@ -148,7 +148,14 @@ def needs_param_broadcast(
     tracker seeds: Megatron-LM broadcasts only with --data-parallel-random-init), and a resume or
     `checkpoint.init` overwrites every weight with the same stored values on each replica. So the
     broadcast (all parameters, over DP: seconds for a large model) is only a guard for a fresh
-    start, and has nothing to do with a single replica."""
+    start, and has nothing to do with a single replica.
+
+    Never under Megatron FSDP: its parameters are DTensor shards once wrapped, which
+    `torch.distributed.broadcast` refuses (NotImplementedError: no sharding strategy for
+    c10d.broadcast_), and each DP rank owns its shard alone, so there is no replica to disagree
+    with (each rank shards the same full initialisation)."""
+    if fsdp:
+        return False
     return not loads_weights and max(data_parallel, expert_data_parallel) > 1
 
 

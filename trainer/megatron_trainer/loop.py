@@ -110,6 +110,21 @@ def _forward_step(poison: bool, data_iterator: Any, model: Any) -> tuple[torch.T
     return output, partial(_loss_func, batch["loss_mask"], poison)
 
 
+def broadcast_fresh_weights(model: list[Any], loads_weights: bool, fsdp: bool) -> bool:
+    """On a fresh start every DP replica takes DP rank 0's weights, where that is needed
+    (decisions.needs_param_broadcast: never under Megatron FSDP). True when it broadcast."""
+    if not needs_param_broadcast(
+        loads_weights,
+        parallel_state.get_data_parallel_world_size(with_context_parallel=True),
+        parallel_state.get_expert_data_parallel_world_size(),
+        fsdp,
+    ):
+        return False
+    for chunk in model:
+        chunk.broadcast_params()
+    return True
+
+
 class Trainer:
     def __init__(
         self, cfg: TrainerConfig, env: RuntimeEnv, local_rank: int, stop: StopFlag
@@ -176,13 +191,7 @@ class Trainer:
         self.iteration = 0
         consumed = 0
         loads_weights = resume is not None or cfg.checkpoint.init is not None
-        if needs_param_broadcast(
-            loads_weights,
-            parallel_state.get_data_parallel_world_size(with_context_parallel=True),
-            parallel_state.get_expert_data_parallel_world_size(),
-        ):
-            for chunk in self.model:  # a fresh start: every DP replica takes DP rank 0's weights
-                chunk.broadcast_params()
+        broadcast_fresh_weights(self.model, loads_weights, cfg.parallelism.fsdp)
         if resume is None and cfg.checkpoint.init is not None:
             consumed = self._start_from(cfg.checkpoint.init)
         elif resume is None:
