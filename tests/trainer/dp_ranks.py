@@ -1,10 +1,11 @@
-"""Two gloo ranks on CPU for what of Megatron FSDP runs without CUDA streams (test_fsdp_cpu.py).
+"""Data parallelism 2 on two gloo ranks, for what needs real collectives but no training run
+(test_data_parallel_cpu.py).
 
-`python tests/trainer/fsdp_ranks.py RANK WORLD PORT WORKDIR` runs every check below on one rank
-and writes what it saw to WORKDIR/rank<RANK>.json. Megatron FSDP itself cannot be built on CPU
-(tests/trainer/test_fsdp_config.py says why), so each check holds the parameters as
-`MegatronFSDP` holds them once it has wrapped a model: DTensor shards over the data-parallel
-ranks, and runs the trainer's own code and Megatron-Core's own functions on them.
+`python tests/trainer/dp_ranks.py RANK WORLD PORT WORKDIR` runs every check below on one rank and
+writes what it saw to WORKDIR/rank<RANK>.json. Megatron FSDP itself cannot be built on CPU
+(tests/trainer/test_fsdp_config.py says why), so its checks hold the parameters as `MegatronFSDP`
+holds them once it has wrapped a model: DTensor shards over the data-parallel ranks, and run the
+trainer's own code and Megatron-Core's own functions on them.
 """
 
 from __future__ import annotations
@@ -59,7 +60,52 @@ def broadcast(world: int) -> dict[str, Any]:
     return out
 
 
-CHECKS = {"broadcast": broadcast}
+def buckets(world: int) -> dict[str, Any]:
+    """A recorded bucket size through the trainer's decision (decisions.ddp_buckets), Megatron-
+    Core's DistributedDataParallelConfig and DDP's own rule, against passing it through as is."""
+    import torch
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.transformer import TransformerConfig
+
+    from megatron_trainer.decisions import ddp_buckets, one_bucket_as_none
+
+    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
+
+    def build(overlap: bool, size: int | None) -> Any:
+        torch.manual_seed(0)
+        layers = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])  # 16,640
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            use_distributed_optimizer=True,
+            overlap_grad_reduce=overlap,
+            bucket_size=size,
+        )
+        return DistributedDataParallel(config, ddp_config, module=layers)
+
+    def seen(ddp: Any) -> dict[str, Any]:
+        return {
+            "buckets": sum(len(b.buckets) for b in ddp.buffers),
+            "recorded": one_bucket_as_none(ddp.ddp_config.bucket_size),
+        }
+
+    out: dict[str, Any] = {}
+    # (recorded in the checkpoint, whether this run overlaps: True on CUDA, False on CPU)
+    for name, recorded, overlap in [("one-bucket-gpu", None, True), ("5000-cpu", 5000, False)]:
+        out[name] = seen(build(*ddp_buckets(recorded, overlap)))
+        out[f"{name}-as-is"] = seen(build(overlap, recorded))  # what the trainer did before
+    out["5000-saved"] = seen(build(True, 5000))  # the run that saved 5000-parameter buckets
+
+    # The reverse case turns overlap on, also on CPU: one step's gradient sync over gloo.
+    ddp = build(*ddp_buckets(5000, False))
+    ddp.zero_grad_buffer()
+    rank = torch.distributed.get_rank()
+    ddp(torch.full((2, 64), float(rank + 1))).sum().backward()
+    ddp.finish_grad_sync()
+    out["overlap-sync"] = float(ddp.buffers[0].grad_data.abs().sum())
+    return out
+
+
+CHECKS = {"broadcast": broadcast, "buckets": buckets}
 
 
 def main() -> int:

@@ -1,7 +1,10 @@
-"""Megatron FSDP with data parallelism 2 on CPU (gloo), as far as it runs without CUDA: two rank
-processes (fsdp_ranks.py) hold parameters as DTensor shards, as Megatron FSDP holds them once it
-has wrapped a model, and run the trainer's own start-up and checkpoint code on them. Megatron FSDP
-itself needs CUDA streams (test_fsdp_config.py); its training runs in test_gpu.py."""
+"""Data parallelism 2 on two gloo rank processes (dp_ranks.py), one pair for every check:
+
+- Megatron FSDP as far as it runs without CUDA: parameters held as DTensor shards, as Megatron
+  FSDP holds them once it has wrapped a model, through the trainer's own start-up and checkpoint
+  code. Megatron FSDP itself needs CUDA streams (test_fsdp_config.py); it trains in test_gpu.py.
+- DDP's gradient buckets rebuilt from a checkpoint's recorded size, through Megatron-Core's own
+  DistributedDataParallelConfig and DDP."""
 
 from __future__ import annotations
 
@@ -17,14 +20,14 @@ from megatron_contract.ports import free_port
 
 pytestmark = pytest.mark.trainer
 
-RANKS = Path(__file__).with_name("fsdp_ranks.py")
+RANKS = Path(__file__).with_name("dp_ranks.py")
 WORLD = 2
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """Every check of fsdp_ranks.py, run once on two ranks; what each rank saw."""
-    workdir = tmp_path_factory.mktemp("fsdp-ranks")
+    """Every check of dp_ranks.py, run once on two ranks; what each rank saw."""
+    workdir = tmp_path_factory.mktemp("dp-ranks")
     port = str(free_port())
     procs = [
         subprocess.Popen(
@@ -51,3 +54,21 @@ def test_no_broadcast_of_fsdp_shards_at_a_fresh_start(ranks: list[dict[str, Any]
         assert b["fsdp_broadcast"] is False
         assert b["ddp_broadcast"] is True
         assert b["ddp_weight"] == 1.0  # rank 0's value on every rank
+
+
+def test_recorded_buckets_are_rebuilt_through_ddps_own_rule(ranks: list[dict[str, Any]]) -> None:
+    """The dp_reshardable optimizer state is stored per bucket. DDP rewrites the size it is
+    given (None becomes max(40M, 1M·DP) with overlap; any size becomes one bucket without), so
+    the trainer makes one bucket explicit with overlap, and turns overlap on for a recorded
+    size: the resumed run has the saved buckets."""
+    for seen in ranks:
+        b = seen["buckets"]
+        # One bucket saved without overlap (Megatron-LM's default), resumed on a GPU.
+        assert b["one-bucket-gpu"] == {"buckets": 1, "recorded": None}
+        assert b["one-bucket-gpu-as-is"]["recorded"] == 40_000_000  # was: 40M-parameter buckets
+        # 5000-parameter buckets saved with overlap, resumed without (the CPU platform).
+        # (four layers of 4,160 parameters: a bucket closes at the second layer past 5000)
+        assert b["5000-saved"] == {"buckets": 2, "recorded": 5000}
+        assert b["5000-cpu"] == b["5000-saved"]
+        assert b["5000-cpu-as-is"] == {"buckets": 1, "recorded": None}  # was: one bucket
+        assert b["overlap-sync"] > 0

@@ -43,7 +43,7 @@ from megatron_contract.errors import ConfigError
 from . import optim_compat
 from .async_save import abort as abort_writer
 from .async_save import writer_queue
-from .decisions import save_sharding_type
+from .decisions import one_bucket_as_none, save_sharding_type
 from .flops import flops_per_step
 from .interchange import (
     CHECKPOINT_VERSION,
@@ -494,7 +494,7 @@ class Checkpointer:
             "loss": loss,
             "precision": self.cfg.training.precision,
             # The dp_reshardable optimizer state is per bucket: a resume builds the same ones.
-            "bucketSize": ddp.bucket_size,
+            "bucketSize": one_bucket_as_none(ddp.bucket_size),
         }
         use_async = self.async_queue is not None and not blocking
         request = dist_checkpointing.save(

@@ -125,7 +125,7 @@ def recorded_bucket_size(common: dict[str, Any]) -> int | None:
     trainer = common.get("trainer")
     if isinstance(trainer, dict):
         size = trainer.get("bucketSize", LEGACY_BUCKET_SIZE)
-        return None if size is None else int(size)
+        return one_bucket_as_none(None if size is None else int(size))
     args = common.get("args")
     if not getattr(args, "overlap_grad_reduce", False):
         return None
@@ -133,10 +133,37 @@ def recorded_bucket_size(common: dict[str, Any]) -> int | None:
         raise ValueError("the checkpoint was saved with --ddp-num-buckets")
     explicit = getattr(args, "ddp_bucket_size", None)
     if explicit is not None:
-        return int(explicit)
+        return one_bucket_as_none(int(explicit))
     dp = int(getattr(args, "data_parallel_size", 1) or 1)
     cp = int(getattr(args, "context_parallel_size", 1) or 1)
     return ddp_bucket_size(True, dp * cp)
+
+
+# "One bucket per model chunk" as a size: above any chunk's parameter count, so DDP never splits
+# a chunk (param_and_grad_buffer.py closes a bucket only once it reaches the size), and, unlike
+# None, kept when overlap_grad_reduce is on.
+ONE_BUCKET = 2**62
+
+
+def one_bucket_as_none(size: int | None) -> int | None:
+    """A bucket size as recorded: None for one bucket per chunk, however DDP was told so."""
+    return None if size is None or size >= ONE_BUCKET else size
+
+
+def ddp_buckets(recorded: int | None, overlap_grad_reduce: bool) -> tuple[bool, int | None]:
+    """(overlap_grad_reduce, bucket_size) for DistributedDataParallelConfig that make DDP build
+    the buckets a checkpoint's optimizer state was saved in (`recorded`, None: one bucket per
+    model chunk), given whether this run wants to overlap the gradient reduction.
+
+    DDP's own rule (distributed_data_parallel.py, `__init__`) rewrites the size it is given: None
+    becomes max(40M, 1M·DP) with overlap_grad_reduce, and any size becomes None (one bucket)
+    without. So passing the recorded size through unchanged loses it both ways: one bucket saved
+    without overlap (Megatron-LM's default) came back as 40M-parameter buckets on a GPU, and a
+    recorded size came back as one bucket without overlap (CPU). One bucket with overlap is
+    ONE_BUCKET; a recorded size turns overlap on."""
+    if recorded is None:
+        return overlap_grad_reduce, (ONE_BUCKET if overlap_grad_reduce else None)
+    return True, recorded
 
 
 def needs_param_broadcast(

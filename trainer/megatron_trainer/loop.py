@@ -29,7 +29,13 @@ from megatron_contract.exitcodes import ExitCode
 
 from .checkpoint import Checkpointer, iteration_path, load_common
 from .data import MicroBatches, build_dataset
-from .decisions import ddp_bucket_size, needs_param_broadcast, rank_seed, recorded_bucket_size
+from .decisions import (
+    ddp_bucket_size,
+    ddp_buckets,
+    needs_param_broadcast,
+    rank_seed,
+    recorded_bucket_size,
+)
 from .flops import flops_per_step, tflops_per_gpu
 from .model import build_model, transformer_config
 from .numerics import NonFiniteLoss, check_loss, is_non_finite_grad_error, nan_injection_iteration
@@ -148,8 +154,7 @@ class Trainer:
         # optimizer state is stored per bucket), so look before building the model.
         self.checkpointer = Checkpointer(cfg, self.platform, local_rank)
         resume = self.checkpointer.find_resume_point()
-        bucket_size = self._bucket_size(resume)
-        self.model = build_model(cfg, self.platform, self.tconfig, bucket_size)
+        self.model = build_model(cfg, self.platform, self.tconfig, self._buckets(resume))
         # Reseed after construction (construction consumed layout-dependent amounts of
         # randomness); dropout and other runtime randomness start from here.
         _seed_everything(self.seed)
@@ -247,10 +252,12 @@ class Trainer:
         )
         self._log_rank0("start-up took %.1fs", time.monotonic() - started)
 
-    def _bucket_size(self, resume: int | None) -> int | None:
-        """The gradient bucket size: the checkpoint's when resuming or starting from a full
-        Megatron checkpoint (its dp_reshardable optimizer state is stored per bucket), else
-        Megatron-LM's rule for a fresh run (decisions.ddp_bucket_size)."""
+    def _buckets(self, resume: int | None) -> tuple[bool, int | None]:
+        """(overlap_grad_reduce, bucket size): the checkpoint's buckets when resuming or starting
+        from a full Megatron checkpoint (its dp_reshardable optimizer state is stored per
+        bucket; decisions.ddp_buckets), else Megatron-LM's rule for a fresh run
+        (decisions.ddp_bucket_size)."""
+        overlap = self.platform.is_cuda
         source: str | None = None
         init = self.cfg.checkpoint.init
         if resume is not None:
@@ -262,7 +269,7 @@ class Trainer:
         if source is not None:
             common = load_common(source)
             try:
-                return recorded_bucket_size(common if isinstance(common, dict) else {})
+                recorded = recorded_bucket_size(common if isinstance(common, dict) else {})
             except ValueError as err:
                 raise ConfigError(
                     [
@@ -271,10 +278,9 @@ class Trainer:
                         "weights) or save it with --ddp-bucket-size"
                     ]
                 ) from err
-        return ddp_bucket_size(
-            overlap_grad_reduce=self.platform.is_cuda,
-            data_parallel_with_context=self.cfg.parallelism.data * self.cfg.parallelism.context,
-        )
+            return ddp_buckets(recorded, overlap)
+        p = self.cfg.parallelism
+        return overlap, ddp_bucket_size(overlap, p.data * p.context)
 
     def _optimizer_config(self) -> OptimizerConfig:
         t = self.cfg.training

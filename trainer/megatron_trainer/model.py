@@ -296,11 +296,14 @@ def fsdp_options(fsdp: bool) -> dict[str, Any]:
 
 
 def build_model(
-    cfg: TrainerConfig, platform: Platform, config: TransformerConfig, bucket_size: int | None
+    cfg: TrainerConfig,
+    platform: Platform,
+    config: TransformerConfig,
+    buckets: tuple[bool, int | None],
 ) -> list[Any]:
     """Model chunks (one per virtual pipeline stage), wrapped for bf16 and in Megatron DDP (or
-    Megatron FSDP) with gradient buckets of `bucket_size` parameters (None: one bucket per
-    chunk; see decisions.ddp_bucket_size and recorded_bucket_size)."""
+    Megatron FSDP). `buckets`: (overlap_grad_reduce, bucket size in parameters; None: one bucket
+    per chunk), see decisions.ddp_bucket_size and ddp_buckets."""
     spec, why = attention_choice(
         use_transformer_engine(platform),
         platform.is_cuda,
@@ -340,12 +343,14 @@ def build_model(
         chunks = [m.cuda(torch.cuda.current_device()) for m in chunks]
     if config.bf16 or config.fp16:
         chunks = [Float16Module(config, m) for m in chunks]
+    overlap_grad_reduce, bucket_size = buckets
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         use_distributed_optimizer=True,
         bucket_size=bucket_size,
         **{
             **ddp_options(platform.is_cuda, cfg.training.precision, config.overlap_p2p_comm),
+            "overlap_grad_reduce": overlap_grad_reduce,
             **fsdp_options(cfg.parallelism.fsdp),
         },
     )
