@@ -135,10 +135,10 @@ def test_nsys_range_carries_per_op_nvtx_ranges_as_megatron_lm(
     calls: list[str] = []
 
     class CudaRuntime:
-        def cudaProfilerStart(self) -> None:  # noqa: N802 (CUDA's name)
+        def cudaProfilerStart(self) -> None:
             calls.append("cudaProfilerStart")
 
-        def cudaProfilerStop(self) -> None:  # noqa: N802
+        def cudaProfilerStop(self) -> None:
             calls.append("cudaProfilerStop")
 
     class EmitNvtx:

@@ -33,6 +33,7 @@ from .decisions import (
     gradient_accumulation_fusion,
 )
 from .platform import Platform
+from .validate import te_problems
 
 log = logging.getLogger(__name__)
 
@@ -84,25 +85,11 @@ def transformer_config_kwargs(cfg: TrainerConfig, platform: Platform) -> dict[st
     """The keyword arguments of the TransformerConfig, derived from the config and platform."""
     m, p, t = cfg.model, cfg.parallelism, cfg.training
     te = use_transformer_engine(platform)
-    if t.precision == "fp8" and not te:
-        raise ConfigError(
-            ["training.precision 'fp8' needs Transformer Engine, which is not installed"]
-        )
-    if p.sequence_parallel and not te:
-        raise ConfigError(
-            [
-                "parallelism.sequenceParallel needs Transformer Engine (Megatron-Core's torch "
-                "norms do not support it), which is not installed in this image"
-            ]
-        )
-    if p.context > 1 and not te:
-        raise ConfigError(
-            [
-                "parallelism.context: context parallelism needs Transformer Engine attention "
-                "(Megatron-Core's local attention supports context: 1 only), which does not "
-                "import in this image: use a trainer image with Transformer Engine, or context: 1"
-            ]
-        )
+    # The launcher refused these already if TE is not installed (validate.py); here a TE that is
+    # installed but does not import is refused the same way.
+    problems = te_problems(cfg, te)
+    if problems:
+        raise ConfigError(problems)
     dtype = _DTYPES[t.precision]
     activation = {"swiglu": F.silu, "gelu": F.gelu, "squared_relu": _squared_relu}[m.activation]
     kwargs: dict[str, Any] = {

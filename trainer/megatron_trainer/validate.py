@@ -8,9 +8,11 @@ check: the environment it was started with, and the data paths on its volumes.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
+from megatron_contract.choices import CPU
 from megatron_contract.config import LaunchConfig, TrainerConfig, is_msc_url
 from megatron_contract.env import MSC_CONFIG, RuntimeEnv
 from megatron_contract.errors import ConfigError
@@ -22,14 +24,17 @@ def validate(
 ) -> None:
     """Raise ConfigError listing every problem; return None when the job can run.
 
-    `check_paths=False` skips the checks that data and tokenizer files exist (for checking a
-    rendered config away from the pod's volumes, e.g. in the contract test).
+    `check_paths=False` skips the checks of the pod's volumes and image: that data and
+    tokenizer files exist, and that Transformer Engine is installed where the layout needs it
+    (for checking a rendered config elsewhere, e.g. in the contract test).
     """
     problems = [str(p) for p in check_config(config)]
     if env is not None:
         problems += _env_problems(config, env)
     if check_paths:
         problems += _path_problems(config)
+        if config.resources.accelerator != CPU:
+            problems += te_problems(config, te_installed())
     if problems:
         raise ConfigError(problems)
 
@@ -40,6 +45,44 @@ def validate_launch(config: LaunchConfig, env: RuntimeEnv) -> None:
     problems = [str(p) for p in check_config(config)] + _env_problems(config, env)
     if problems:
         raise ConfigError(problems)
+
+
+def te_installed() -> bool:
+    """Whether Transformer Engine is installed, without importing it (no torch, no CUDA in the
+    launcher). A build that is installed but does not import is found by the rank
+    (model.use_transformer_engine), with the same messages."""
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def te_problems(config: TrainerConfig, te: bool) -> list[str]:
+    """What a CUDA job asks for that needs Transformer Engine, when `te` is False."""
+    if te:
+        return []
+    p, problems = config.parallelism, []
+    if config.training.precision == "fp8":
+        problems.append(
+            "training.precision: fp8 needs Transformer Engine, which this image lacks: use a "
+            "trainer image with Transformer Engine, or bf16"
+        )
+    if p.sequence_parallel:
+        way_out = (
+            "an MoE model with tensor > 1 needs it, so use tensor: 1"
+            if config.model.moe is not None
+            else "set parallelism.sequenceParallel: false to run without it (more activation "
+            "memory a GPU)"
+        )
+        problems.append(
+            "parallelism.sequenceParallel needs Transformer Engine (Megatron-Core's torch norms "
+            "do not support it), which this image lacks. Sequence parallelism is on by default "
+            f"with tensor > 1 on GPUs: {way_out}, or use a trainer image with Transformer Engine"
+        )
+    if p.context > 1:
+        problems.append(
+            "parallelism.context: context parallelism needs Transformer Engine attention "
+            "(Megatron-Core's local attention supports context: 1 only), which this image "
+            "lacks: use a trainer image with Transformer Engine, or context: 1"
+        )
+    return problems
 
 
 def _env_problems(config: TrainerConfig | LaunchConfig, env: RuntimeEnv) -> list[str]:
