@@ -56,7 +56,7 @@ class Plugin:
 
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()  # type: ignore[no-untyped-call]
-        self.nvtx = torch.autograd.profiler.emit_nvtx(record_shapes=True)
+        self.nvtx = torch.autograd.profiler.emit_nvtx(record_shapes=True)  # type: ignore[no-untyped-call]
         self.nvtx.__enter__()
 
     def stop(self) -> None:
