@@ -270,3 +270,72 @@ def test_the_coordinator_drops_what_is_not_the_protocol(gang: Gang) -> None:
     assert all(p.poll() is None for p in gang.launchers.values())
     report = gang.report()
     assert report is None or (report.failures == () and report.lost == ())
+
+
+KILL_SCRIPT = r"""
+import json, os, sys, time
+from pathlib import Path
+from megatron_trainer.agent.ranks import RankProcesses, become_subreaper, descendants
+
+ready = Path(sys.argv[1])
+become_subreaper()  # as the launcher: an orphaned helper is re-parented to this process
+# A rank that forks a helper holding 256 MiB (as an async checkpoint writer holds its buffers):
+# a killed process frees its memory while it exits, after its parent may already be gone.
+rank = [sys.executable, "-c", (
+    "import os, sys, time\n"
+    "if os.fork() == 0:\n"
+    "    held = bytearray(256 << 20)\n"
+    "    for i in range(0, len(held), 4096): held[i] = 1\n"
+    "    open(sys.argv[1], 'w').close()\n"
+    "time.sleep(600)\n"
+), str(ready)]
+ranks = RankProcesses(1, rank, lambda local, attempt, port: dict(os.environ))
+ranks.start(0, 0)
+while not ready.exists():
+    time.sleep(0.01)
+ranks.kill()
+print(json.dumps(descendants(os.getpid())))
+"""
+
+
+def test_the_next_attempt_waits_for_every_descendant_of_the_old_one(tmp_path: Path) -> None:
+    """RankProcesses.kill returns (and the agent releases the next attempt) only once the ranks
+    and everything they started have exited, not once the ranks alone are reaped."""
+    out = subprocess.run(
+        [sys.executable, "-c", KILL_SCRIPT, str(tmp_path / "helper-ready")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_standby_whose_imports_made_a_cuda_context_exits(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A context made at import time sits on GPU 0 beside rank 0's for the standby's life: the
+    standby exits instead (the launcher then starts that rank cold). The CUDA driver's own
+    record is not reachable here (no GPU, no libcuda): torch's stands in for it."""
+    import types
+
+    from megatron_trainer import worker
+
+    assert worker.cuda_contexts() == []  # this process: nothing of CUDA loaded
+    fake_torch = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(is_initialized=lambda: True, current_device=lambda: 0)
+    )
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    assert worker.cuda_contexts() == [0]
+
+    def exit_now(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(worker, "_import_everything", lambda: None)
+    monkeypatch.setattr(worker, "_exit", exit_now)
+    monkeypatch.setattr(worker.select, "select", lambda r, w, x, t: ([], [], []))
+    with pytest.raises(SystemExit) as exited:
+        worker.standby(delay=0)
+    assert exited.value.code == worker.CRASH
+    assert "created a CUDA context on device(s) [0]" in capsys.readouterr().err

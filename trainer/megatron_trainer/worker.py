@@ -15,6 +15,7 @@ group and touched no device before that: the attempt still gets fresh ranks.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import logging
 import os
@@ -61,12 +62,52 @@ def _import_everything() -> None:
     from . import loop  # noqa: F401
 
 
+def cuda_contexts() -> list[int]:
+    """The devices on which this process holds a CUDA context: torch's, or any library's
+    primary context (the driver's own record). Empty where libcuda was never loaded, which is
+    what a process that touched no device looks like; the driver is asked only when something
+    already loaded it."""
+    torch = sys.modules.get("torch")
+    held: set[int] = set()
+    if torch is not None and torch.cuda.is_initialized():
+        held.add(int(torch.cuda.current_device()))
+    try:
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
+            if "libcuda.so" not in maps.read():
+                return sorted(held)
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return sorted(held)
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return sorted(held)
+    for ordinal in range(count.value):
+        device, flags, active = ctypes.c_int(0), ctypes.c_uint(0), ctypes.c_int(0)
+        if driver.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
+            continue
+        state = driver.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(active))
+        if state == 0 and active.value:
+            held.add(ordinal)
+    return sorted(held)
+
+
 def standby(delay: float = STANDBY_DELAY_SECONDS) -> bool:
     """Import, then wait for the launcher's release (True) or for it to let go (False)."""
     _quiet_warnings()
     ready, _, _ = select.select([sys.stdin], [], [], delay)
     if not ready:
         _import_everything()
+        # A context made by an import would sit on GPU 0 (no device is set yet), beside rank
+        # 0's, for as long as this process lives: a standby must not have one.
+        held = cuda_contexts()
+        if held:
+            print(
+                f"megatron_trainer: standby: the imports created a CUDA context on device(s) "
+                f"{held}; exiting so that the next attempt starts this rank cold",
+                file=sys.stderr,
+                flush=True,
+            )
+            _exit(CRASH)
     line = sys.stdin.readline()
     if not line.strip():
         return False  # the launcher closed the pipe: not needed
