@@ -33,6 +33,7 @@ from megatron_trainer.decisions import (
     ddp_bucket_size,
     ddp_options,
     derive_p2p_flags,
+    fsdp_env_problems,
     fused_ops,
     gradient_accumulation_fusion,
     needs_param_broadcast,
@@ -146,9 +147,10 @@ def test_a_model_megatron_core_rejects_is_a_config_error(tmp_path: Path) -> None
 
 
 def test_gradient_accumulation_fusion_needs_te_and_apex() -> None:
-    assert gradient_accumulation_fusion(te=True, apex=True)
-    assert not gradient_accumulation_fusion(te=True, apex=False)
-    assert not gradient_accumulation_fusion(te=False, apex=True)
+    assert gradient_accumulation_fusion(te=True, apex=True, fsdp=False)
+    assert not gradient_accumulation_fusion(te=True, apex=False, fsdp=False)
+    assert not gradient_accumulation_fusion(te=False, apex=True, fsdp=False)
+    assert not gradient_accumulation_fusion(te=True, apex=True, fsdp=True)  # Megatron FSDP
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -179,9 +181,14 @@ def test_stage_seeds_follow_megatron_lm() -> None:
     ("tp", "cp", "expected"), [(1, 1, None), (2, 1, "1"), (1, 2, "1"), (8, 2, "1")]
 )
 def test_cuda_device_max_connections(tp: int, cp: int, expected: str | None) -> None:
-    env = cuda_env_defaults(tp, cp, cores=64, procs_per_node=8)
+    env = cuda_env_defaults(tp, cp, cores=64, procs_per_node=8, fsdp=False)
     assert env.get(CUDA_DEVICE_MAX_CONNECTIONS) == expected
     assert env["OMP_NUM_THREADS"] == "8"
+    # Megatron FSDP: never 1 (Megatron-LM asserts it), and a pod that sets it is refused.
+    assert CUDA_DEVICE_MAX_CONNECTIONS not in cuda_env_defaults(tp, cp, 64, 8, fsdp=True)
+    assert fsdp_env_problems(True, {CUDA_DEVICE_MAX_CONNECTIONS: "1"})
+    assert not fsdp_env_problems(False, {CUDA_DEVICE_MAX_CONNECTIONS: "1"})
+    assert not fsdp_env_problems(True, {CUDA_DEVICE_MAX_CONNECTIONS: "32"})
 
 
 def test_launcher_gives_cuda_ranks_the_defaults_and_keeps_the_pods_own(tmp_path: Path) -> None:
@@ -191,11 +198,12 @@ def test_launcher_gives_cuda_ranks_the_defaults_and_keeps_the_pods_own(tmp_path:
         "MEGATRON_JOB_NAME": "j", "MEGATRON_RESTART_ATTEMPT": "0",
     }  # fmt: skip
     env = runtime_env(environ)
-    child = rank_env(environ, env, 3, cpu=False, parallel=(8, 1))
+    child = rank_env(environ, env, 3, cpu=False, parallel=(8, 1, False))
     assert child[CUDA_DEVICE_MAX_CONNECTIONS] == "1"
     assert int(child["OMP_NUM_THREADS"]) >= 1
-    assert CUDA_DEVICE_MAX_CONNECTIONS not in rank_env(environ, env, 3, cpu=True, parallel=(8, 1))
-    own = rank_env({**environ, "OMP_NUM_THREADS": "3"}, env, 3, cpu=False, parallel=(8, 1))
+    assert CUDA_DEVICE_MAX_CONNECTIONS not in rank_env(environ, env, 3, True, (8, 1, False))
+    assert CUDA_DEVICE_MAX_CONNECTIONS not in rank_env(environ, env, 3, False, (8, 1, True))
+    own = rank_env({**environ, "OMP_NUM_THREADS": "3"}, env, 3, cpu=False, parallel=(8, 1, False))
     assert own["OMP_NUM_THREADS"] == "3"
 
 

@@ -186,30 +186,47 @@ def needs_param_broadcast(
     return not loads_weights and max(data_parallel, expert_data_parallel) > 1
 
 
-def gradient_accumulation_fusion(te: bool, apex: bool) -> bool:
+def gradient_accumulation_fusion(te: bool, apex: bool, fsdp: bool) -> bool:
     """Fuse the weight-gradient GEMM with the fp32 main-grad accumulation.
 
     TE's linear layers do this themselves, but GPTModel's output layer is Megatron's own
     ColumnParallelLinear, which raises RuntimeError at construction when the flag is on and
     Apex's `fused_weight_gradient_mlp_cuda` extension is missing (tensor_parallel/layers.py).
     So: only with TE (the local spec's layers would all need Apex) and only when Apex is there.
+    Never with Megatron FSDP: its gradients live in its own sharded buffers, not in the
+    `main_grad` the fused kernel accumulates into (Megatron-LM warns, and its FSDP guide runs
+    --no-gradient-accumulation-fusion).
     """
-    return te and apex
+    return te and apex and not fsdp
 
 
-def cuda_env_defaults(tensor: int, context: int, cores: int, procs_per_node: int) -> dict[str, str]:
+def cuda_env_defaults(
+    tensor: int, context: int, cores: int, procs_per_node: int, fsdp: bool
+) -> dict[str, str]:
     """Environment a CUDA rank needs before it initialises CUDA, as Megatron-LM requires it.
 
     - CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP > 1: one hardware work queue, so the TP/CP
       communication kernels are scheduled before the compute they overlap (arguments.py asserts
-      it on Hopper and older; Blackwell does not need it, and it does no harm there).
+      it on Hopper and older; Blackwell does not need it, and it does no harm there). Never with
+      Megatron FSDP, whose gathers must run beside the compute on their own queues: Megatron-LM
+      asserts it is not 1 there (`fsdp_problems` refuses a pod that sets it).
     - OMP_NUM_THREADS: the pod's cores shared between its ranks (torchrun, which Megatron-LM is
       started with, sets 1 for the same reason: without it every rank spins up a thread per core).
     """
     env = {OMP_NUM_THREADS: str(max(1, cores // max(1, procs_per_node)))}
-    if tensor > 1 or context > 1:
+    if (tensor > 1 or context > 1) and not fsdp:
         env[CUDA_DEVICE_MAX_CONNECTIONS] = "1"
     return env
+
+
+def fsdp_env_problems(fsdp: bool, environ: dict[str, str]) -> list[str]:
+    """The pod's environment against Megatron FSDP (Megatron-LM's arguments.py asserts this)."""
+    if fsdp and environ.get(CUDA_DEVICE_MAX_CONNECTIONS) == "1":
+        return [
+            "env: CUDA_DEVICE_MAX_CONNECTIONS=1 serialises Megatron FSDP's parameter gathers "
+            "behind the compute (Megatron-LM refuses it with FSDP): remove it from spec.env"
+        ]
+    return []
 
 
 def rank_seed(seed: int, pipeline_rank: int) -> int:

@@ -129,7 +129,9 @@ def transformer_config_kwargs(cfg: TrainerConfig, platform: Platform) -> dict[st
         # weights do not depend on the TP layout (and, with per-layer seeds, on PP). On GPU that
         # would be slow for big models, so weights are initialised on the device.
         "use_cpu_initialization": not platform.is_cuda,
-        "gradient_accumulation_fusion": gradient_accumulation_fusion(te, apex_available(platform)),
+        "gradient_accumulation_fusion": gradient_accumulation_fusion(
+            te, apex_available(platform), p.fsdp
+        ),
     }
     # Fusions: only those Megatron-Core accepts for this activation/bias, and only on CUDA.
     kwargs.update(

@@ -18,6 +18,8 @@ from megatron_contract.env import MSC_CONFIG, RuntimeEnv
 from megatron_contract.errors import ConfigError
 from megatron_contract.rules import check_config
 
+from .decisions import fsdp_env_problems
+
 
 def validate(
     config: TrainerConfig, env: RuntimeEnv | None = None, *, check_paths: bool = True
@@ -99,7 +101,7 @@ def _env_problems(config: TrainerConfig | LaunchConfig, env: RuntimeEnv) -> list
             f"WORLD_SIZE ({env.world_size}) differs from resources.nodes × procsPerNode "
             f"({config.world_size})"
         )
-    return problems
+    return problems + fsdp_env_problems(config.parallelism.fsdp, dict(os.environ))
 
 
 def _path_problems(config: TrainerConfig) -> list[str]:
