@@ -175,6 +175,11 @@ class Plan:
                 "weightsAndOptimizerGiB": round(mem.weights_and_optimizer_gib, 3),
                 "activationsGiB": round(mem.activations_gib, 3),
                 "overheadGiB": mem.overhead_gib,
+                **(
+                    {"constructionGiB": round(mem.construction_gib, 3)}
+                    if mem.construction_gib
+                    else {}
+                ),
                 "parametersTotal": mem.parameters_total,
                 "parametersPerGpu": mem.parameters_per_gpu,
             }
@@ -625,5 +630,12 @@ def _memory_error(mem: MemoryEstimate, budget: float, spec: MegatronJobSpec) -> 
         "spec.resources.gpuMemoryGiB",
         f"the plan needs about {mem.per_gpu_gib:.1f} GiB per GPU (weights and optimizer "
         f"{mem.weights_and_optimizer_gib:.1f}, activations {mem.activations_gib:.1f}, overhead "
-        f"{mem.overhead_gib:.1f}) but gpuMemoryGiB is {budget:g}: " + ", or ".join(hints),
+        f"{mem.overhead_gib:.1f}"
+        + (
+            f"; {mem.construction_gib:.1f} while Megatron FSDP builds the model before sharding"
+            if mem.construction_gib
+            else ""
+        )
+        + f") but gpuMemoryGiB is {budget:g}: "
+        + ", or ".join(hints),
     )
