@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 
-def broadcast(world: int) -> dict[str, Any]:
+def broadcast(world: int, workdir: Path) -> dict[str, Any]:
     """The start-up broadcast (loop.broadcast_fresh_weights) with FSDP and with DDP."""
     import torch
     from megatron.core import parallel_state
@@ -60,7 +60,7 @@ def broadcast(world: int) -> dict[str, Any]:
     return out
 
 
-def buckets(world: int) -> dict[str, Any]:
+def buckets(world: int, workdir: Path) -> dict[str, Any]:
     """A recorded bucket size through the trainer's decision (decisions.ddp_buckets), Megatron-
     Core's DistributedDataParallelConfig and DDP's own rule, against passing it through as is."""
     import torch
@@ -105,7 +105,103 @@ def buckets(world: int) -> dict[str, Any]:
     return out
 
 
-CHECKS = {"broadcast": broadcast, "buckets": buckets}
+def dcp(world: int, workdir: Path) -> dict[str, Any]:
+    """An fsdp_dtensor checkpoint through the trainer's own functions (fsdp_checkpoint.py and
+    the scan in checkpoint.py): DTensor shards as Megatron FSDP's state dicts hold them (the
+    model's, and the optimizer's fsdp_dtensor state), Megatron-LM's other entries, our record."""
+    import json
+    from argparse import Namespace
+
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    from megatron_trainer import checkpoint, fsdp_checkpoint
+
+    rank = torch.distributed.get_rank()
+    mesh = DeviceMesh("cpu", list(range(world)))
+
+    def sharded(seed: int, rows: int = 6) -> DTensor:
+        torch.manual_seed(seed)  # the same global tensor on every rank, each keeps its rows
+        return distribute_tensor(torch.randn(rows, 4), mesh, [Shard(0)])
+
+    def state(seed: int, iteration: int, loss: float) -> dict[str, Any]:
+        return {
+            "args": Namespace(ckpt_format="fsdp_dtensor", use_megatron_fsdp=True),
+            "checkpoint_version": fsdp_checkpoint.CHECKPOINT_VERSION,
+            "iteration": iteration,
+            # 7 rows over 2 ranks: unevenly sharded, as Megatron FSDP's flat buffers make them.
+            "model": {"decoder.layers.0.mlp.linear_fc2.weight": sharded(seed, rows=7)},
+            "optimizer": {
+                "state": {"decoder.layers.0.mlp.linear_fc2.weight": {
+                    "exp_avg": sharded(seed + 1, rows=7), "step": torch.tensor(float(iteration))
+                }},
+                "param_groups": [{"lr": 1e-3, "params": ["decoder.layers.0.mlp.linear_fc2.weight"]}],
+            },
+            "opt_param_scheduler": {"num_steps": 8 * iteration, "max_lr": 1e-3},
+            "rng_state": {"(0, 0)": [{"torch_rng_state": torch.get_rng_state()}]},
+            fsdp_checkpoint.TRAINER_KEY: json.dumps({"iteration": iteration, "loss": loss}),
+        }  # fmt: skip
+
+    root = workdir / "ckpt"
+    saved = {}
+    for iteration, loss in [(2, 6.5), (4, float("nan"))]:
+        path = checkpoint.iteration_path(root, iteration)
+        if rank == 0:
+            Path(path).mkdir(parents=True)
+        torch.distributed.barrier()
+        saved[iteration] = state(iteration, iteration, loss)
+        fsdp_checkpoint.save(fsdp_checkpoint.preprocess(saved[iteration], None, False, None), path)
+    torch.distributed.barrier()
+
+    out: dict[str, Any] = {}
+    path = checkpoint.iteration_path(root, 4)
+    out["files"] = sorted(p.name for p in Path(path).iterdir())
+    out["format"] = checkpoint.format_of(path)
+    out["complete"] = checkpoint.scan(root).complete
+    common = checkpoint.load_common(path)
+    out["common"] = {
+        "iteration": common["iteration"],
+        "trainer": common["trainer"]["iteration"],
+        "args": vars(common["args"]),
+    }
+    out["losses"] = {i: checkpoint.read_loss(checkpoint.iteration_path(root, i)) for i in (2, 4)}
+
+    # Load iteration 4 into fresh shards (zeros), as a resume does.
+    target = state(100, 0, 0.0)
+    for shard in (
+        target["model"],
+        target["optimizer"]["state"]["decoder.layers.0.mlp.linear_fc2.weight"],
+    ):
+        for value in shard.values():
+            if isinstance(value, DTensor):
+                value.to_local().zero_()
+    loaded = fsdp_checkpoint.preprocess(target, None, False, None)
+    fsdp_checkpoint.load(loaded, path)
+    key = "decoder.layers.0.mlp.linear_fc2.weight"
+    out["model_equal"] = torch.equal(
+        target["model"][key].to_local(), saved[4]["model"][key].to_local()
+    )
+    out["exp_avg_equal"] = torch.equal(
+        target["optimizer"]["state"][key]["exp_avg"].to_local(),
+        saved[4]["optimizer"]["state"][key]["exp_avg"].to_local(),
+    )
+    out["loaded_scheduler"] = loaded["opt_param_scheduler"]
+    out["loaded_iteration"] = loaded["iteration"]
+    torch.distributed.barrier()
+
+    # An interrupted save: a shard file cut short, then no .metadata at all.
+    if rank == 0:
+        shard_file = next(Path(path).glob("*.distcp"))
+        shard_file.write_bytes(shard_file.read_bytes()[:-8])
+        out["truncated"] = checkpoint.incomplete_reason(path)
+        (Path(path) / ".metadata").unlink()
+        out["no_metadata"] = checkpoint.incomplete_reason(path)
+        out["after"] = checkpoint.scan(root).complete
+    return out
+
+
+CHECKS = {"broadcast": broadcast, "buckets": buckets, "dcp": dcp}
 
 
 def main() -> int:
@@ -122,7 +218,7 @@ def main() -> int:
     from megatron.core import parallel_state
 
     parallel_state.initialize_model_parallel(1, 1)
-    results = {name: check(world) for name, check in CHECKS.items()}
+    results = {name: check(world, workdir) for name, check in CHECKS.items()}
     (workdir / f"rank{rank}.json").write_text(json.dumps(results))
     torch.distributed.barrier()
     parallel_state.destroy_model_parallel()

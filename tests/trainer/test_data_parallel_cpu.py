@@ -72,3 +72,29 @@ def test_recorded_buckets_are_rebuilt_through_ddps_own_rule(ranks: list[dict[str
         assert b["5000-cpu"] == b["5000-saved"]
         assert b["5000-cpu-as-is"] == {"buckets": 1, "recorded": None}  # was: one bucket
         assert b["overlap-sync"] > 0
+
+
+def test_fsdp_dtensor_checkpoints_save_load_and_scan_on_gloo(ranks: list[dict[str, Any]]) -> None:
+    """The fsdp_dtensor format as Megatron-LM writes it (plain torch DCP: no common.pt, no
+    metadata.json), through the trainer's own save, load and scan: a complete one is found,
+    read without loading a tensor (our record, args, iteration; the loss for pruning), loads
+    back shard for shard, and an interrupted one is incomplete (the scan would have deleted
+    every one of them as incomplete before: it required metadata.json and common.pt)."""
+    for rank, seen in enumerate(ranks):
+        d = seen["dcp"]
+        assert d["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+        assert d["format"] == "fsdp_dtensor"
+        assert d["complete"] == [2, 4]
+        assert d["common"] == {
+            "iteration": 4,
+            "trainer": 4,
+            "args": {"ckpt_format": "fsdp_dtensor", "use_megatron_fsdp": True},
+        }
+        assert d["losses"]["2"] == 6.5 and d["losses"]["4"] != d["losses"]["4"]  # NaN
+        assert d["model_equal"] and d["exp_avg_equal"]
+        assert d["loaded_scheduler"] == {"num_steps": 32, "max_lr": 1e-3}
+        assert d["loaded_iteration"] == 4
+        if rank == 0:
+            assert "is truncated" in d["truncated"]
+            assert d["no_metadata"] == ".metadata is missing (the save was interrupted)"
+            assert d["after"] == [2]

@@ -74,3 +74,17 @@ def test_fsdp_checkpoint_args_are_megatron_lms() -> None:
         assert args.data_parallel_sharding_strategy == (
             "optim_grads_params" if fsdp else "no_shard"
         )
+
+
+def test_what_fsdp_checkpoints_cannot_do_is_refused_before_any_rank_starts() -> None:
+    cfg = tiny_config("msc://s3/jobs/a", dp=2)
+    cfg["resources"]["accelerator"] = "nvidia.com/gpu"
+    cfg["training"]["precision"] = "bf16"
+    cfg["parallelism"]["fsdp"] = True
+    cfg["checkpoint"]["init"] = {"huggingFace": None, "megatron": {"path": "/i", "load": "full"}}
+    with pytest.raises(ConfigError) as err:
+        validate(parse_config(cfg), check_paths=False)
+    assert [p.split(":")[0] for p in err.value.problems] == [
+        "checkpoint.init.megatron.load",
+        "checkpoint.dir",
+    ]

@@ -30,7 +30,7 @@ def validate(
     tokenizer files exist, and that Transformer Engine is installed where the layout needs it
     (for checking a rendered config elsewhere, e.g. in the contract test).
     """
-    problems = [str(p) for p in check_config(config)]
+    problems = [str(p) for p in check_config(config)] + _fsdp_problems(config)
     if env is not None:
         problems += _env_problems(config, env)
     if check_paths:
@@ -47,6 +47,26 @@ def validate_launch(config: LaunchConfig, env: RuntimeEnv) -> None:
     problems = [str(p) for p in check_config(config)] + _env_problems(config, env)
     if problems:
         raise ConfigError(problems)
+
+
+def _fsdp_problems(config: TrainerConfig) -> list[str]:
+    """What Megatron FSDP's checkpoints (fsdp_dtensor) cannot do; the planner and the CRD refuse
+    the same specs."""
+    if not config.parallelism.fsdp:
+        return []
+    problems = []
+    init = config.checkpoint.init
+    if init is not None and init.megatron is not None and init.megatron.load == "full":
+        problems.append(
+            "checkpoint.init.megatron.load: load: full reads a torch_dist checkpoint's optimizer "
+            "state, which Megatron FSDP (fsdp_dtensor) cannot take: use load: weights"
+        )
+    if is_msc_url(config.checkpoint.dir):
+        problems.append(
+            f"checkpoint.dir: {config.checkpoint.dir}: Megatron FSDP saves fsdp_dtensor "
+            "checkpoints with torch DCP's file-system writer: use a checkpoint volume"
+        )
+    return problems
 
 
 def te_installed() -> bool:

@@ -277,6 +277,23 @@ def _spec_rules(spec: MegatronJobSpec, dp: int | None) -> Iterator[FieldError]:
             "directory in the URL instead",
         )
     p = s.parallelism
+    if (
+        p.fsdp
+        and c.init is not None
+        and c.init.megatron is not None
+        and c.init.megatron.load == "full"
+    ):
+        yield _e(
+            "checkpoint.init.megatron.load",
+            "load: full reads a torch_dist checkpoint's optimizer state, which Megatron FSDP "
+            "(fsdp_dtensor) cannot take: use load: weights, or fsdp: false",
+        )
+    if p.fsdp and c.url is not None:
+        yield _e(
+            "checkpoint.url",
+            "Megatron FSDP saves fsdp_dtensor checkpoints with torch DCP's file-system writer, "
+            "as Megatron-LM does: use checkpoint.volume, or fsdp: false",
+        )
     if p.auto and c.sharding_type != "fully_reshardable":
         yield _e(
             "checkpoint.shardingType",
