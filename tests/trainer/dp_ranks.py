@@ -192,6 +192,12 @@ def dcp(world: int, workdir: Path) -> dict[str, Any]:
 
     # An interrupted save: a shard file cut short, then no .metadata at all.
     if rank == 0:
+        from megatron_trainer.export import ExportError, checkpoint_path
+
+        try:
+            checkpoint_path(root, 2)
+        except ExportError as err:
+            out["export"] = str(err)
         shard_file = next(Path(path).glob("*.distcp"))
         shard_file.write_bytes(shard_file.read_bytes()[:-8])
         out["truncated"] = checkpoint.incomplete_reason(path)

@@ -95,6 +95,7 @@ def test_fsdp_dtensor_checkpoints_save_load_and_scan_on_gloo(ranks: list[dict[st
         assert d["loaded_scheduler"] == {"num_steps": 32, "max_lr": 1e-3}
         assert d["loaded_iteration"] == 4
         if rank == 0:
+            assert "an fsdp_dtensor checkpoint (Megatron FSDP): mjob export reads" in d["export"]
             assert "is truncated" in d["truncated"]
             assert d["no_metadata"] == ".metadata is missing (the save was interrupted)"
             assert d["after"] == [2]
