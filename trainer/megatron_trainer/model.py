@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -289,10 +290,12 @@ def build_model(
     platform: Platform,
     config: TransformerConfig,
     buckets: tuple[bool, int | None],
+    before_wrap: Callable[[list[Any]], None] | None = None,
 ) -> list[Any]:
     """Model chunks (one per virtual pipeline stage), wrapped for bf16 and in Megatron DDP (or
     Megatron FSDP). `buckets`: (overlap_grad_reduce, bucket size in parameters; None: one bucket
-    per chunk), see decisions.ddp_bucket_size and ddp_buckets."""
+    per chunk), see decisions.ddp_bucket_size and ddp_buckets. `before_wrap` gets the bare
+    GPTModel chunks, on their device, before any wrapper (to load weights into them)."""
     spec, why = attention_choice(
         use_transformer_engine(platform),
         platform.is_cuda,
@@ -330,6 +333,8 @@ def build_model(
         chunks.append(model)
     if platform.is_cuda:
         chunks = [m.cuda(torch.cuda.current_device()) for m in chunks]
+    if before_wrap is not None:
+        before_wrap(chunks)
     if config.bf16 or config.fp16:
         chunks = [Float16Module(config, m) for m in chunks]
     overlap_grad_reduce, bucket_size = buckets
