@@ -579,8 +579,10 @@ class Checkpointer:
     def _fsdp_preprocess(self, state: dict[str, Any], model: list[Any]) -> dict[str, Any]:
         m = self.cfg.model
         num_experts = m.moe.num_experts if m.moe is not None else None
+        # Megatron-LM passes `unwrap_model(model)[0]`, which stops at MegatronFSDP (the
+        # adapter's `module`): its `get_parameter("module." + key)` resolves the state dict's keys.
         preprocessed: dict[str, Any] = fsdp_checkpoint.preprocess(
-            state, model[0], m.activation == "swiglu", num_experts
+            state, model[0].module, m.activation == "swiglu", num_experts
         )
         return preprocessed
 
