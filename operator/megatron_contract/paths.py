@@ -36,6 +36,19 @@ TERMINATION_MESSAGE_MAX: Final = 1024  # characters kept; the kubelet's own limi
 #   <dir>/iter_0000100/...
 TRACKER_FILE: Final = "latest_checkpointed_iteration.txt"
 ITER_DIR_RE: Final = re.compile(r"^iter_([0-9]{7})$")
+# The format of an iteration directory (Megatron-LM's --ckpt-format). torch_dist: Megatron-Core's
+# dist_checkpointing (metadata.json, common.pt, and torch DCP's files); checkpoint.shardingType
+# chooses its optimizer layout. fsdp_dtensor: plain torch DCP of DTensors (.metadata and
+# *.distcp only), the one format Megatron FSDP saves (Megatron-LM's arguments.py asserts it).
+TORCH_DIST: Final = "torch_dist"
+FSDP_DTENSOR: Final = "fsdp_dtensor"
+DCP_METADATA: Final = ".metadata"  # torch DCP's index of a checkpoint, written last
+
+
+def checkpoint_format(fsdp: bool) -> str:
+    """The format a layout saves and loads: fsdp_dtensor with Megatron FSDP, else torch_dist."""
+    return FSDP_DTENSOR if fsdp else TORCH_DIST
+
 
 # Rank 0's progress report (docs/contract.md §4): the JSON record is kept in this annotation of
 # the job's progress Lease (env PROGRESS_LEASE), whose spec.renewTime is the heartbeat.

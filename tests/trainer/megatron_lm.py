@@ -6,8 +6,12 @@ named by MEGATRON_LM_SRC (its root, holding `megatron/training`); the tests skip
 Its `megatron/{training,legacy,post_training,rl}` are imported beside the installed
 megatron-core 0.16.1 (the same code as the tag's `megatron/core`, which `source_problem` checks).
 
-`python -m tests.trainer.megatron_lm ARGS...` is one Megatron-LM rank (RANK, WORLD_SIZE,
-MASTER_ADDR/PORT in the environment), run by `run_megatron_lm`. It does what `pretrain_gpt.py`
+`python tests/trainer/megatron_lm.py ARGS...` is one Megatron-LM rank (RANK, WORLD_SIZE,
+MASTER_ADDR/PORT in the environment), run by `run_megatron_lm`. It runs from its path, not as
+`tests.trainer.megatron_lm`: a full Megatron-LM checkout has its own top-level `tests` package,
+which, once its root is on `sys.path`, is the `tests` that the worker processes Megatron-Core's
+checkpoint writer spawns would find (a regular package wins over our namespace package), and
+they re-import the main module by name. By path, they re-run this file instead. It does what `pretrain_gpt.py`
 does before training: `initialize_megatron` (its `parse_args` on ARGS, `validate_args`, the
 process groups, the seeds), then `setup_model_and_optimizer` (its model provider and
 `gpt_builder`, `get_model`, `get_megatron_optimizer`, `get_optimizer_param_scheduler`, and
@@ -98,10 +102,30 @@ def documented_flags(section: str) -> list[str]:
     return [word for line in body.splitlines() for word in line.split("#")[0].split()]
 
 
+def checkout_view(source: Path, into: Path) -> Path:
+    """`source` laid out as a full `git clone` of Megatron-LM is: the subset in
+    `../shared/megatron-lm` leaves out Megatron-LM's tests, whose top-level `tests` package is
+    what a full checkout adds to `sys.path`. A directory of links to `source`'s entries, plus an
+    empty `tests` package where `source` has none."""
+    into.mkdir(parents=True, exist_ok=True)
+    for entry in source.resolve().iterdir():
+        (into / entry.name).symlink_to(entry)
+    if not (source / "tests" / "__init__.py").exists():
+        (into / "tests").mkdir()
+        (into / "tests" / "__init__.py").write_text("")
+    return into
+
+
 def run_megatron_lm(
-    flags: list[str], world: int, workdir: Path, name: str, timeout: float = 600.0
+    flags: list[str],
+    world: int,
+    workdir: Path,
+    name: str,
+    source: Path | None = None,
+    timeout: float = 600.0,
 ) -> tuple[int, str, list[dict[str, Any]]]:
-    """Run `world` Megatron-LM ranks with `flags`; (exit code, output, per-rank reports)."""
+    """Run `world` Megatron-LM ranks with `flags` and the source at `source` (default: the
+    MEGATRON_LM_SRC); (exit code, output, per-rank reports)."""
     from megatron_contract.ports import free_port
 
     report = workdir / f"{name}-report"
@@ -109,14 +133,13 @@ def run_megatron_lm(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEGATRON_", "OMP_"))}
     env.update(
         {
-            SOURCE_ENV: os.environ[SOURCE_ENV],
+            SOURCE_ENV: str(source or os.environ[SOURCE_ENV]),
             REPORT_ENV: str(report),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(free_port()),
             "WORLD_SIZE": str(world),
             "OMP_NUM_THREADS": "1",
             "CUDA_DEVICE_MAX_CONNECTIONS": "1",  # validate_args wants it with TP > 1 (Hopper)
-            "PYTHONPATH": str(REPO_ROOT),
         }
     )
     logs, procs = [], []
@@ -126,7 +149,7 @@ def run_megatron_lm(
         with log.open("w") as out:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "tests.trainer.megatron_lm", *flags],
+                    [sys.executable, str(Path(__file__).resolve()), *flags],
                     env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                     stdout=out,
                     stderr=subprocess.STDOUT,

@@ -19,15 +19,10 @@ import torch
 
 from megatron_trainer.platform import cpu
 
-from .trainer_configs import tiny_config
+from .trainer_configs import TINY_MOE, tiny_config
 from .trainer_runs import run_trainer
 
 pytestmark = pytest.mark.trainer
-
-MOE = {
-    "numExperts": 4, "routerTopK": 2, "ffnHiddenSize": 176, "sharedExpertFfnHiddenSize": 128,
-    "firstKDenseLayers": 1, "auxLossCoeff": 0.01, "tokenDispatcher": "allgather", "routerPreSoftmax": False,
-}  # fmt: skip
 
 
 def moe_config(ckpt: Path, pp: int, vpp: int | None) -> dict[str, object]:
@@ -35,7 +30,7 @@ def moe_config(ckpt: Path, pp: int, vpp: int | None) -> dict[str, object]:
     cfg = tiny_config(
         ckpt, pp=pp, dp=4 // pp, vpp=vpp, trainIters=6, warmupIters=1, save_interval=3
     )
-    cfg["model"]["moe"] = MOE
+    cfg["model"]["moe"] = TINY_MOE
     cfg["parallelism"].update(expert=2, expertData=4 // pp // 2)
     cfg["checkpoint"].update(shardingType="fully_reshardable", **{"async": True})
     return cfg

@@ -50,3 +50,41 @@ def test_megatron_fsdp_in_0_16_1_needs_cuda_streams() -> None:
     assert "torch.cuda.Stream()" in source
     assert 'torch.device(f"cuda:{torch.cuda.current_device()}")' in source
     assert "torch.device(f'cuda:" in inspect.getsource(mcore_fsdp_adapter)
+
+
+def test_fsdp_checkpoint_args_are_megatron_lms() -> None:
+    """The `args` of an FSDP checkpoint say what Megatron-LM requires with --use-megatron-fsdp:
+    the fsdp_dtensor format (shardingType does not apply to it)."""
+    from megatron_trainer.interchange import megatron_lm_args
+
+    cfg = tiny_config("/tmp/unused", dp=2)
+    cfg["resources"]["accelerator"] = "nvidia.com/gpu"
+    cfg["training"]["precision"] = "bf16"
+    for fsdp, fmt in [(True, "fsdp_dtensor"), (False, "torch_dist")]:
+        cfg["parallelism"]["fsdp"] = fsdp
+        args = megatron_lm_args(
+            parse_config(cfg),
+            iteration=3,
+            consumed_samples=24,
+            sharding_type="fully_reshardable",
+            moe_grouped_gemm=False,
+        )
+        assert (args.ckpt_format, args.use_megatron_fsdp) == (fmt, fsdp)
+        assert args.dist_ckpt_optim_fully_reshardable is (not fsdp)
+        assert args.data_parallel_sharding_strategy == (
+            "optim_grads_params" if fsdp else "no_shard"
+        )
+
+
+def test_what_fsdp_checkpoints_cannot_do_is_refused_before_any_rank_starts() -> None:
+    cfg = tiny_config("msc://s3/jobs/a", dp=2)
+    cfg["resources"]["accelerator"] = "nvidia.com/gpu"
+    cfg["training"]["precision"] = "bf16"
+    cfg["parallelism"]["fsdp"] = True
+    cfg["checkpoint"]["init"] = {"huggingFace": None, "megatron": {"path": "/i", "load": "full"}}
+    with pytest.raises(ConfigError) as err:
+        validate(parse_config(cfg), check_paths=False)
+    assert [p.split(":")[0] for p in err.value.problems] == [
+        "checkpoint.init.megatron.load",
+        "checkpoint.dir",
+    ]

@@ -127,13 +127,68 @@ def test_error_exit_with_the_persistent_writer_alive(workdir: Path) -> None:
     assert processes_with_env(str(workdir)) == []
 
 
+def _fsdp_checkpoint_is_fsdp_dtensor(path: Path) -> None:
+    from megatron_trainer.checkpoint import format_of, load_common
+
+    assert (path / ".metadata").is_file() and not (path / "common.pt").exists()
+    assert format_of(path) == "fsdp_dtensor"
+    common = load_common(path)
+    assert common["args"].ckpt_format == "fsdp_dtensor" and common["args"].use_megatron_fsdp
+    assert common["trainer"]["checkpointFormat"] == "fsdp_dtensor"
+
+
 def test_megatron_fsdp_trains_on_one_gpu(workdir: Path) -> None:
     """parallelism.fsdp: the model wrapped in Megatron FSDP (optim_grads_params) trains, saves
-    and resumes; on CPU Megatron-Core 0.16.1's FSDP cannot run (it creates CUDA streams)."""
+    fsdp_dtensor checkpoints and resumes from one; on CPU Megatron-Core 0.16.1's FSDP cannot run
+    (it creates CUDA streams)."""
     cfg = gpu_config(workdir / "ckpt", trainIters=10, save_interval=5)
     cfg["parallelism"]["fsdp"] = True
+    cfg["checkpoint"]["keep"] = 0
     run = run_trainer(cfg, workdir)
     assert run.returncode == 0, run.output[-4000:]
-    assert "FullyShardedDataParallel" in run.output or run.losses()
     assert sorted(run.losses()) == list(range(1, 11))
     assert read_tracker(workdir / "ckpt") == 10
+    _fsdp_checkpoint_is_fsdp_dtensor(iteration_dir(workdir / "ckpt", 5))
+    # Resume from iteration 5: steps 6..10 again, as the uninterrupted run had them.
+    shutil.rmtree(iteration_dir(workdir / "ckpt", 10))
+    (workdir / "ckpt" / TRACKER).write_text("5\n")
+    resumed = run_trainer(cfg, workdir, name="resumed")
+    assert resumed.returncode == 0, resumed.output[-4000:]
+    assert "RESUME: loading checkpoint iteration 5" in resumed.output
+    assert sorted(resumed.losses()) == list(range(6, 11))
+    for i in range(6, 11):
+        assert abs(resumed.losses()[i] - run.losses()[i]) < 1e-3, (
+            i,
+            resumed.losses(),
+            run.losses(),
+        )
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="FSDP with DP >= 2 needs two GPUs")
+def test_megatron_fsdp_with_data_parallel_2(workdir: Path) -> None:
+    """Megatron FSDP over two data-parallel ranks, where its parameters are DTensor shards: the
+    fresh start does not broadcast them, checkpoints are fsdp_dtensor, a resume at DP 2 goes on
+    as the uninterrupted run, and the losses follow DDP's at DP 2 (bf16: not bit-identical)."""
+    cfg = gpu_config(workdir / "ckpt", dp=2, trainIters=10, save_interval=5)
+    cfg["parallelism"]["fsdp"] = True
+    cfg["resources"]["procsPerNode"] = 2
+    cfg["checkpoint"]["keep"] = 0
+    run = run_trainer(cfg, workdir, name="fsdp-dp2")
+    assert run.returncode == 0, run.output[-4000:]
+    assert sorted(run.losses()) == list(range(1, 11))
+    _fsdp_checkpoint_is_fsdp_dtensor(iteration_dir(workdir / "ckpt", 5))
+    shutil.rmtree(iteration_dir(workdir / "ckpt", 10))
+    (workdir / "ckpt" / TRACKER).write_text("5\n")
+    resumed = run_trainer(cfg, workdir, name="fsdp-dp2-resumed")
+    assert resumed.returncode == 0, resumed.output[-4000:]
+    for i in range(6, 11):
+        assert abs(resumed.losses()[i] - run.losses()[i]) < 1e-3, (i, resumed.losses())
+    ddp = gpu_config(workdir / "ddp", dp=2, trainIters=10, save_interval=100)
+    ddp["resources"]["procsPerNode"] = 2
+    reference = run_trainer(ddp, workdir, name="ddp-dp2")
+    assert reference.returncode == 0, reference.output[-4000:]
+    for i in range(1, 11):
+        assert abs(run.losses()[i] - reference.losses()[i]) < 5e-2, (
+            run.losses(),
+            reference.losses(),
+        )

@@ -33,6 +33,7 @@ from megatron_trainer.decisions import (
     ddp_bucket_size,
     ddp_options,
     derive_p2p_flags,
+    fsdp_env_problems,
     fused_ops,
     gradient_accumulation_fusion,
     needs_param_broadcast,
@@ -146,9 +147,10 @@ def test_a_model_megatron_core_rejects_is_a_config_error(tmp_path: Path) -> None
 
 
 def test_gradient_accumulation_fusion_needs_te_and_apex() -> None:
-    assert gradient_accumulation_fusion(te=True, apex=True)
-    assert not gradient_accumulation_fusion(te=True, apex=False)
-    assert not gradient_accumulation_fusion(te=False, apex=True)
+    assert gradient_accumulation_fusion(te=True, apex=True, fsdp=False)
+    assert not gradient_accumulation_fusion(te=True, apex=False, fsdp=False)
+    assert not gradient_accumulation_fusion(te=False, apex=True, fsdp=False)
+    assert not gradient_accumulation_fusion(te=True, apex=True, fsdp=True)  # Megatron FSDP
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -179,9 +181,14 @@ def test_stage_seeds_follow_megatron_lm() -> None:
     ("tp", "cp", "expected"), [(1, 1, None), (2, 1, "1"), (1, 2, "1"), (8, 2, "1")]
 )
 def test_cuda_device_max_connections(tp: int, cp: int, expected: str | None) -> None:
-    env = cuda_env_defaults(tp, cp, cores=64, procs_per_node=8)
+    env = cuda_env_defaults(tp, cp, cores=64, procs_per_node=8, fsdp=False)
     assert env.get(CUDA_DEVICE_MAX_CONNECTIONS) == expected
     assert env["OMP_NUM_THREADS"] == "8"
+    # Megatron FSDP: never 1 (Megatron-LM asserts it), and a pod that sets it is refused.
+    assert CUDA_DEVICE_MAX_CONNECTIONS not in cuda_env_defaults(tp, cp, 64, 8, fsdp=True)
+    assert fsdp_env_problems(True, {CUDA_DEVICE_MAX_CONNECTIONS: "1"})
+    assert not fsdp_env_problems(False, {CUDA_DEVICE_MAX_CONNECTIONS: "1"})
+    assert not fsdp_env_problems(True, {CUDA_DEVICE_MAX_CONNECTIONS: "32"})
 
 
 def test_launcher_gives_cuda_ranks_the_defaults_and_keeps_the_pods_own(tmp_path: Path) -> None:
@@ -191,11 +198,12 @@ def test_launcher_gives_cuda_ranks_the_defaults_and_keeps_the_pods_own(tmp_path:
         "MEGATRON_JOB_NAME": "j", "MEGATRON_RESTART_ATTEMPT": "0",
     }  # fmt: skip
     env = runtime_env(environ)
-    child = rank_env(environ, env, 3, cpu=False, parallel=(8, 1))
+    child = rank_env(environ, env, 3, cpu=False, parallel=(8, 1, False))
     assert child[CUDA_DEVICE_MAX_CONNECTIONS] == "1"
     assert int(child["OMP_NUM_THREADS"]) >= 1
-    assert CUDA_DEVICE_MAX_CONNECTIONS not in rank_env(environ, env, 3, cpu=True, parallel=(8, 1))
-    own = rank_env({**environ, "OMP_NUM_THREADS": "3"}, env, 3, cpu=False, parallel=(8, 1))
+    assert CUDA_DEVICE_MAX_CONNECTIONS not in rank_env(environ, env, 3, True, (8, 1, False))
+    assert CUDA_DEVICE_MAX_CONNECTIONS not in rank_env(environ, env, 3, False, (8, 1, True))
+    own = rank_env({**environ, "OMP_NUM_THREADS": "3"}, env, 3, cpu=False, parallel=(8, 1, False))
     assert own["OMP_NUM_THREADS"] == "3"
 
 
@@ -260,10 +268,16 @@ def test_bucket_size_follows_megatron_lm() -> None:
 
 
 def test_params_are_broadcast_only_on_a_fresh_start_with_replicas() -> None:
-    assert needs_param_broadcast(loads_weights=False, data_parallel=2, expert_data_parallel=1)
-    assert needs_param_broadcast(loads_weights=False, data_parallel=1, expert_data_parallel=2)
-    assert not needs_param_broadcast(loads_weights=True, data_parallel=8, expert_data_parallel=8)
-    assert not needs_param_broadcast(loads_weights=False, data_parallel=1, expert_data_parallel=1)
+    def needs(loads: bool, dp: int, edp: int, fsdp: bool = False) -> bool:
+        return needs_param_broadcast(
+            loads_weights=loads, data_parallel=dp, expert_data_parallel=edp, fsdp=fsdp
+        )
+
+    assert needs(False, 2, 1) and needs(False, 1, 2)
+    assert not needs(True, 8, 8)
+    assert not needs(False, 1, 1)
+    # Megatron FSDP: never (test_data_parallel_cpu.py shows the broadcast would raise).
+    assert not needs(False, 8, 8, fsdp=True)
 
 
 def test_context_parallel_without_te_is_a_config_error(tmp_path: Path) -> None:
@@ -352,3 +366,46 @@ def test_async_save_worker_takes_the_local_rank_gpu(tmp_path: Path) -> None:
 def test_peak_table_tells_pcie_and_nvl_parts_apart(name: str, peak: float | None) -> None:
     assert peak_for_device(name) == peak
     assert all(v > 0 for v in PEAK_BF16_TFLOPS.values())
+
+
+def _resume_problems(saved: dict[str, Any], **now: Any) -> list[str]:
+    """Checkpointer._check_compatible of a job with layout `now` against a checkpoint whose
+    record is `saved` (the rest of the record matches the job)."""
+    from types import SimpleNamespace
+
+    from megatron_contract.config import parse_config
+    from megatron_trainer.checkpoint import FORMAT_VERSION, Checkpointer, model_fingerprint
+
+    cfg = parse_config(tiny_config("/c", dp=4))
+    layout = {"tensor": 1, "pipeline": 1, "virtualPipeline": None, "context": 1, "expert": 2,
+              "expertTensor": 1, "data": 4}  # fmt: skip
+    job = SimpleNamespace(cfg=cfg, layout={**layout, **now}, format=now.pop("format", "torch_dist"))
+    job.layout.pop("format", None)
+    record = {"formatVersion": FORMAT_VERSION, "model": model_fingerprint(cfg.model_json),
+              "globalBatchSize": 8, "layout": layout, "shardingType": "fully_reshardable",
+              "iteration": 3, "consumedSamples": 24, **saved}  # fmt: skip
+    try:
+        Checkpointer._check_compatible(job, {"trainer": record}, "/c/iter_0000003")  # type: ignore[arg-type]
+    except ConfigError as err:
+        return err.problems
+    return []
+
+
+def test_resume_across_expert_parallelism_on_and_off_exits_78() -> None:
+    """Measured on CPU (MoE, 4 ranks, fully_reshardable): EP 2 -> 4 resumes; EP 2 -> 1 failed in
+    Megatron-Core's load (KeyError 'optimizer': with EP > 1 the experts' optimizer is chained
+    beside the dense one, without it there is one). Now that is a configuration error."""
+    assert _resume_problems({}, expert=4) == []
+    (problem,) = _resume_problems({}, expert=1)
+    assert problem.startswith("parallelism.expert: the checkpoint in /c/iter_0000003 was saved "
+                              "with expert=2, this job has expert=1")  # fmt: skip
+    assert _resume_problems({"shardingType": "dp_reshardable"}, expert=4)  # as before
+
+
+def test_resume_across_checkpoint_formats_exits_78() -> None:
+    (problem,) = _resume_problems({}, format="fsdp_dtensor")
+    assert "is in the torch_dist format, this job saves fsdp_dtensor" in problem
+    fsdp = {"checkpointFormat": "fsdp_dtensor", "shardingType": "fsdp_dtensor"}
+    assert _resume_problems(fsdp, format="fsdp_dtensor", data=2) == []  # a new DP size
+    (problem,) = _resume_problems(fsdp, format="fsdp_dtensor", tensor=2)
+    assert "saved by Megatron FSDP with tensor=1" in problem

@@ -270,3 +270,59 @@ def test_the_coordinator_drops_what_is_not_the_protocol(gang: Gang) -> None:
     assert all(p.poll() is None for p in gang.launchers.values())
     report = gang.report()
     assert report is None or (report.failures == () and report.lost == ())
+
+
+KILL_SCRIPT = r"""
+import json, os, sys, time
+from pathlib import Path
+from megatron_trainer.agent.ranks import RankProcesses, become_subreaper, descendants
+
+ready = Path(sys.argv[1])
+become_subreaper()  # as the launcher: an orphaned helper is re-parented to this process
+# A rank that forks a helper holding 256 MiB (as an async checkpoint writer holds its buffers):
+# a killed process frees its memory while it exits, after its parent may already be gone.
+rank = [sys.executable, "-c", (
+    "import os, sys, time\n"
+    "if os.fork() == 0:\n"
+    "    held = bytearray(256 << 20)\n"
+    "    for i in range(0, len(held), 4096): held[i] = 1\n"
+    "    open(sys.argv[1], 'w').close()\n"
+    "time.sleep(600)\n"
+), str(ready)]
+ranks = RankProcesses(1, rank, lambda local, attempt, port: dict(os.environ))
+ranks.start(0, 0)
+while not ready.exists():
+    time.sleep(0.01)
+ranks.kill()
+print(json.dumps(descendants(os.getpid())))
+"""
+
+
+def test_the_next_attempt_waits_for_every_descendant_of_the_old_one(tmp_path: Path) -> None:
+    """RankProcesses.kill returns (and the agent releases the next attempt) only once the ranks
+    and everything they started have exited, not once the ranks alone are reaped."""
+    out = subprocess.run(
+        [sys.executable, "-c", KILL_SCRIPT, str(tmp_path / "helper-ready")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_zygote_whose_imports_started_cuda_forks_no_rank(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A CUDA driver started in the zygote is unusable in the ranks it would fork (and a context
+    it made would sit on GPU 0 beside rank 0's): it forks none, and the launcher starts the ranks
+    on their own (test_zygote.py). The driver's own record is not reachable here (no GPU, no
+    libcuda): torch's stands in for it."""
+    import types
+
+    from megatron_trainer import worker
+
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    assert worker.fork_unsafe() == "the imports initialised CUDA (torch)"

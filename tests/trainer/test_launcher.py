@@ -60,10 +60,32 @@ def alltoall_on_cpu(cfg: dict[str, Any], tmp: Path) -> None:
     cfg["parallelism"].update(expert=2, expertData=1)
 
 
+def _on_gpu(cfg: dict[str, Any], **parallelism: Any) -> None:
+    cfg["resources"]["accelerator"] = "nvidia.com/gpu"
+    cfg["training"]["precision"] = "bf16"
+    cfg["parallelism"].update(data=1, expertData=1, **parallelism)
+
+
+def sp_by_default_without_te(cfg: dict[str, Any], tmp: Path) -> None:
+    # As the operator renders TP2 on GPUs with sequenceParallel unset (on by default).
+    _on_gpu(cfg, tensor=2, expertTensor=2, sequenceParallel=True)
+
+
+def cp_without_te(cfg: dict[str, Any], tmp: Path) -> None:
+    _on_gpu(cfg, context=2)
+
+
 @pytest.mark.parametrize(
     ("breakage", "expected"),
     [
         (bad_recipe, "model.recipe: unknown recipe 'gpt-enormous'"),
+        # This machine has no Transformer Engine: the launcher refuses, not the rank.
+        (
+            sp_by_default_without_te,
+            "Sequence parallelism is on by default with tensor > 1 on GPUs: set "
+            "parallelism.sequenceParallel: false to run without it",
+        ),
+        (cp_without_te, "parallelism.context: context parallelism needs Transformer Engine"),
         (
             bad_layout,
             "parallelism.tensor: numAttentionHeads (4) is not divisible by parallelism.tensor (3)",

@@ -25,17 +25,18 @@ from typing import Any
 import pytest
 import torch
 
-from .megatron_lm import documented_flags, run_megatron_lm, source_problem
-from .trainer_configs import tiny_config
+from .megatron_lm import (
+    SOURCE_ENV,
+    checkout_view,
+    documented_flags,
+    run_megatron_lm,
+    source_problem,
+)
+from .trainer_configs import TINY_MOE, tiny_config
 from .trainer_runs import Run, run_trainer
 
 _PROBLEM = source_problem()
 pytestmark = [pytest.mark.trainer, pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))]
-
-MOE = {
-    "numExperts": 4, "routerTopK": 2, "ffnHiddenSize": 176, "sharedExpertFfnHiddenSize": 128,
-    "firstKDenseLayers": 1, "auxLossCoeff": 0.01, "tokenDispatcher": "allgather",
-}  # fmt: skip
 
 # name: (our tiny_config layout, Megatron-LM flags of the layout, MoE?)
 LAYOUTS: dict[str, tuple[dict[str, Any], list[str], bool]] = {
@@ -55,7 +56,7 @@ def our_config(ckpt: Path, layout: str) -> dict[str, Any]:
     cfg = tiny_config(ckpt, trainIters=4, save_interval=2, **ours)
     cfg["checkpoint"]["keep"] = 0
     if moe:
-        cfg["model"]["moe"] = MOE
+        cfg["model"]["moe"] = TINY_MOE
         cfg["parallelism"].update(expert=2, expertData=1)
     return cfg
 
@@ -103,9 +104,19 @@ def assert_same(ours: Any, theirs: Any, where: str) -> None:
         assert ours == theirs, f"{where}: {ours!r} != {theirs!r}"
 
 
+@pytest.fixture(scope="module")
+def megatron_lm_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MEGATRON_LM_SRC as a full clone lays it out (with Megatron-LM's own top-level `tests`
+    package), whether or not it is one: every run below then also shows that package does not
+    shadow ours."""
+    import os
+
+    return checkout_view(Path(os.environ[SOURCE_ENV]), tmp_path_factory.mktemp("megatron-lm"))
+
+
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
 def round_trip(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, megatron_lm_src: Path
 ) -> tuple[str, Path, Run, Path, int, str, list[dict[str, Any]]]:
     layout = request.param
     workdir = tmp_path_factory.mktemp(layout)
@@ -118,7 +129,9 @@ def round_trip(
         *layout_flags,
         *["--load", str(workdir / "ckpt"), "--ckpt-step", "2", "--save", str(workdir / "mlm")],
     ]
-    code, output, reports = run_megatron_lm(flags, world=2, workdir=workdir, name="mlm")
+    code, output, reports = run_megatron_lm(
+        flags, world=2, workdir=workdir, name="mlm", source=megatron_lm_src
+    )
     return layout, workdir, ours, workdir / "mlm", code, output, reports
 
 

@@ -103,14 +103,15 @@ def test_cpu_config_is_layout_independent_fp32() -> None:
 def test_features_that_need_transformer_engine() -> None:
     # This machine has no TE: fp8 and sequence parallelism are configuration errors, not crashes.
     fp8 = parse_config(gpu_config(training={"precision": "fp8"}))
-    with pytest.raises(ConfigError, match="fp8' needs Transformer Engine"):
+    with pytest.raises(ConfigError, match="fp8 needs Transformer Engine"):
         model.transformer_config(fp8, CUDA)
     sp = parse_config(
         gpu_config(parallelism={"tensor": 2, "data": 2, "expertTensor": 2, "expertData": 2,
                                 "sequenceParallel": True})
     )  # fmt: skip
-    with pytest.raises(ConfigError, match="sequenceParallel needs Transformer Engine"):
+    with pytest.raises(ConfigError, match="sequenceParallel needs Transformer Engine") as err:
         model.transformer_config(sp, CUDA)
+    assert "sequenceParallel: false" in str(err.value)
 
 
 def test_layer_seeds_differ_per_layer_and_seed() -> None:

@@ -158,3 +158,16 @@ def test_error_exit_with_the_async_writer_alive(
     assert "checkpoint 2: async save started" in run.output
     assert "killing the async checkpoint writer" in run.output
     assert processes_with_env(str(workdir)) == []
+
+
+def test_a_non_finite_gradient_norm_fails_an_applied_step() -> None:
+    """Megatron FSDP does not check gradients before its reduce-scatter: the norm the optimizer
+    computes is the check there (loop.train_step)."""
+    from megatron_trainer.numerics import NonFiniteLoss, check_grad_norm
+
+    check_grad_norm(True, 1.5)
+    check_grad_norm(False, float("nan"))  # fp16's loss scaler skipped the step: its business
+    check_grad_norm(True, None)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(NonFiniteLoss, match="gradient norm of this step is"):
+            check_grad_norm(True, bad)

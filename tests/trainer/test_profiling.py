@@ -123,3 +123,44 @@ def test_a_profiler_is_one_module_with_start_stop_save() -> None:
         assert callable(plugin.start) and callable(plugin.stop) and callable(plugin.save)
         assert plugin.suffix
     assert profilers.capture_name(7, "viztracer.json") == "rank7.viztracer.json"
+
+
+def test_nsys_range_carries_per_op_nvtx_ranges_as_megatron_lm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without emit_nvtx, `-t nvtx` records no per-op ranges. The CUDA calls are recorded
+    stand-ins here (no GPU): the order and the arguments are Megatron-LM's (training.py)."""
+    import torch
+
+    calls: list[str] = []
+
+    class CudaRuntime:
+        def cudaProfilerStart(self) -> None:
+            calls.append("cudaProfilerStart")
+
+        def cudaProfilerStop(self) -> None:
+            calls.append("cudaProfilerStop")
+
+    class EmitNvtx:
+        def __init__(self, **kwargs: object) -> None:
+            calls.append(f"emit_nvtx({kwargs})")
+
+        def __enter__(self) -> None:
+            calls.append("enter")
+
+        def __exit__(self, *exc: object) -> None:
+            calls.append("exit")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "cudart", CudaRuntime)
+    monkeypatch.setattr(torch.autograd.profiler, "emit_nvtx", EmitNvtx)
+    plugin = nsys.Plugin(cuda=True)
+    plugin.start()
+    plugin.stop()
+    assert calls == [
+        "cudaProfilerStart",
+        "emit_nvtx({'record_shapes': True})",
+        "enter",
+        "cudaProfilerStop",
+        "exit",
+    ]

@@ -112,7 +112,8 @@ def test_incomplete_or_truncated_latest_checkpoint_is_skipped(workdir: Path) -> 
     assert again.returncode == 0, again.output[-3000:]
     assert f"checkpoint {iteration_dir(ckpt, 6)} is incomplete: shard file" in again.output
     assert "is truncated" in again.output
-    assert f"checkpoint {partial} is incomplete: metadata.json is missing" in again.output
+    # Neither format's finished marker: torch_dist's common.pt/metadata.json, DCP's .metadata.
+    assert f"checkpoint {partial} is incomplete: .metadata is missing" in again.output
     # The tracker still names the deleted iteration 6; it is not trusted over the directories.
     assert f"{TRACKER} says 6 but the newest complete checkpoint is 3" in again.output
     assert "RESUME: loading checkpoint iteration 3" in again.output

@@ -37,6 +37,14 @@ GPT_TINY: dict[str, Any] = {
     "trainer": None,
 }  # fmt: skip
 
+# gpt-tiny's MoE variant that runs on CPU (allgather dispatcher), as the tests that train it and
+# docs/trainer.md's Megatron-LM flags (`megatron-lm: moe`) spell it.
+TINY_MOE: dict[str, Any] = {
+    "numExperts": 4, "routerTopK": 2, "ffnHiddenSize": 176, "sharedExpertFfnHiddenSize": 128,
+    "firstKDenseLayers": 1, "auxLossCoeff": 0.01, "tokenDispatcher": "allgather",
+    "routerPreSoftmax": False,
+}  # fmt: skip
+
 
 def tiny_config(
     checkpoint_dir: str | Path,

@@ -3,6 +3,7 @@ layouts Megatron Bridge and NeMo publish, and auto jobs that validate and render
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,8 @@ import yaml
 
 from megatron_operator.api import MegatronJobSpec, load_job
 from megatron_operator.api.errors import SpecError
-from megatron_operator.core.planner import plan, suggestions
+from megatron_operator.core.layouts import UNVERIFIED, VERIFIED, Family, families
+from megatron_operator.core.planner import auto_choice, plan, suggestions
 from megatron_operator.core.render import render
 
 from .celcheck import check_spec
@@ -131,9 +133,116 @@ def test_suggest_lists_layouts_for_every_example(path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     lines = [ln for ln in out.stdout.splitlines() if ln[:3].strip().rstrip(".").isdigit()]
-    assert 1 <= len(lines) <= 5
-    assert "parallelism.auto runs this" in lines[0]
+    assert 1 <= len(lines) <= 6  # the top 5, and auto's choice when it ranks below them
+    chosen = [ln for ln in lines if "parallelism.auto runs this" in ln]
+    assert len(chosen) <= 1 and "unverified" not in "".join(chosen), out.stdout
+    if not chosen:  # every layout that fits uses an untested family (Mixtral on 32 GPUs)
+        assert "parallelism.auto runs none of these" in out.stdout
+    # Every row above auto's choice is marked unverified, and says why.
+    above = lines[: lines.index(chosen[0])] if chosen else lines
+    assert all("[unverified: " in ln for ln in above), out.stdout
+    assert all(f"unverified {f}: " in out.stdout for ln in above for f in _marked(ln))
     assert "why: " in out.stdout
+
+
+def _marked(line: str) -> list[str]:
+    return line.split("[unverified: ")[1].rstrip("]").split(", ")
+
+
+def _auto_spec(spec: MegatronJobSpec) -> MegatronJobSpec:
+    api = spec.to_api()
+    sp = api.get("parallelism", {}).get("sequenceParallel")
+    api["parallelism"] = {"auto": True, **({} if sp is None else {"sequenceParallel": sp})}
+    api["checkpoint"]["shardingType"] = "fully_reshardable"
+    return MegatronJobSpec.model_validate(api)
+
+
+AUTO_CASES = [
+    *[(p.stem, load_job(yaml.safe_load(p.read_text())).spec) for p in MODELLED],
+    *[(f"published-{c[0]}", _published_spec(*c[:4])) for c in PUBLISHED],
+]
+
+
+@pytest.mark.parametrize("case", AUTO_CASES, ids=[c[0] for c in AUTO_CASES])
+def test_auto_and_suggest_never_choose_an_untested_family(
+    case: tuple[str, MegatronJobSpec],
+) -> None:
+    """Every example and the published Llama-3 8B/70B, Mixtral and DeepSeek-V2-Lite jobs, with
+    parallelism.auto: the layout auto plans uses only families a test of this project trains,
+    and --suggest marks exactly the candidates that use another family."""
+    _, spec = case
+    auto = _auto_spec(spec)
+    found = suggestions(auto)
+    moe = found[0].plan.model is not None and found[0].plan.model.moe is not None
+    for s in found:
+        used = families(s.parallelism, moe) | ({Family.DATA} if s.plan.degrees.dp > 1 else set())
+        assert s.verified == used.issubset(VERIFIED), s.plan.layout_string()
+        assert set(s.unverified) == used - set(VERIFIED)
+    best = auto_choice(found)
+    if best is None:  # Mixtral on 32 GPUs: every layout that fits needs MoE with TP (and SP)
+        assert found and all(s.unverified for s in found)
+        with pytest.raises(SpecError) as err:
+            plan(auto)
+        assert [e.path for e in err.value.errors] == ["spec.parallelism.auto"]
+        assert "which no test of this project has run" in err.value.errors[0].message
+        return
+    assert families(best.parallelism, moe).issubset(VERIFIED), best.plan.layout_string()
+    assert plan(auto) == best.plan  # what auto runs
+    assert not best.plan.degrees.fsdp and best.plan.degrees.cp == 1
+
+
+# What auto runs for each published job, and where the cost model ranks it (docs/layouts.md).
+EXPECTED_AUTO = {
+    "llama3-8b": ("TP2·DP4", 5),
+    "llama3-70b": ("TP8·PP2·DP2", 8),
+    "mixtral-8x7b": ("PP4·VPP8·EP8·DP16", 1),
+    "deepseek-v2-lite": ("EP4·DP8", 1),
+}
+
+
+@pytest.mark.parametrize("case", PUBLISHED, ids=[c[0] for c in PUBLISHED])
+def test_what_auto_runs_for_the_published_jobs(case: tuple[Any, ...]) -> None:
+    found = suggestions(_published_spec(*case[:4]))
+    chosen = auto_choice(found)
+    assert chosen is not None
+    assert (chosen.plan.layout_string(), found.index(chosen) + 1) == EXPECTED_AUTO[case[0]]
+
+
+def test_single_node_llama3_8b_auto_no_longer_runs_fsdp() -> None:
+    """The cost model ranks FSDP8 first for Bridge's Llama-3 8B node; auto runs the best tested
+    layout instead, and --suggest's JSON says why FSDP8 is skipped."""
+    found = suggestions(_auto_spec(_published_spec("llama3-8b", 1, {}, 128)))
+    assert found[0].plan.degrees.fsdp and found[0].unverified == (Family.FSDP,)
+    assert found[0].to_dict("x", found[0].plan.memory)["unverified"] == {
+        "fsdp": UNVERIFIED[Family.FSDP]
+    }
+    chosen = auto_choice(found)
+    assert chosen is not None and not chosen.plan.degrees.fsdp
+
+
+def test_every_verified_family_names_a_test_that_exists() -> None:
+    """The fact auto relies on: each verified family's test exists (and runs in CI with the
+    trainer tests); every family is either verified or says why not."""
+    assert set(VERIFIED) | set(UNVERIFIED) == set(Family)
+    assert not set(VERIFIED) & set(UNVERIFIED)
+    for family, test_id in VERIFIED.items():
+        path, _, name = test_id.partition("::")
+        func, _, param = name.partition("[")
+        tree = ast.parse((ROOT / path).read_text())
+        defined = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == func]
+        assert defined, f"{family}: {test_id} does not exist"
+        if param:
+            literals = {
+                c.value
+                for c in ast.walk(defined[0])
+                if isinstance(c, ast.Constant) and isinstance(c.value, str)
+            } | {
+                c.value
+                for d in defined[0].decorator_list
+                for c in ast.walk(d)
+                if isinstance(c, ast.Constant) and isinstance(c.value, str)
+            }
+            assert param.rstrip("]") in literals, f"{family}: {test_id} has no case {param}"
 
 
 def test_every_suggestion_is_a_valid_plan_within_the_budget() -> None:
@@ -175,7 +284,7 @@ def test_auto_validates_renders_and_runs_the_first_suggestion() -> None:
     assert check_spec(doc["spec"]) == []
     job = load_job(doc)
     p = plan(job.spec)
-    assert _layout(p) == _layout(suggestions(job.spec)[0].plan)
+    assert _layout(p) == _layout(auto_choice(suggestions(job.spec)).plan)  # type: ignore[union-attr]
     objs = render(job, p)
     config = next(o for o in objs if o["kind"] == "ConfigMap")["data"]["config.json"]
     assert f'"tensor": {p.degrees.tp}' in config
@@ -200,7 +309,7 @@ def test_the_operator_writes_the_chosen_layout_into_status() -> None:
     from .sim import Sim
 
     doc = _auto_doc(resources={"nodes": 2, "procsPerNode": 8})
-    chosen = suggestions(load_job(doc).spec)[0].plan
+    chosen = auto_choice(suggestions(load_job(doc).spec)).plan  # type: ignore[union-attr]
     doc["metadata"].update(uid="uid-auto", generation=1)
     sim = Sim(job=doc)
     sim.step()

@@ -216,6 +216,28 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
         True,
     ),
     (
+        "Megatron FSDP starts from weights only",
+        "spec.checkpoint.init.megatron.load",
+        {"parallelism.fsdp": True, "checkpoint.init": {"megatron": {"path": "/ckpt/run"}}},
+        {
+            "parallelism.fsdp": True,
+            "checkpoint.init": {"megatron": {"path": "/ckpt/run", "load": "full"}},
+        },
+        True,
+    ),
+    (
+        "Megatron FSDP checkpoints on a volume",
+        "spec.checkpoint.url",
+        {"parallelism.fsdp": True},
+        {
+            "parallelism.fsdp": True,
+            "checkpoint.volume": DELETE,
+            "checkpoint.url": "msc://s3-ckpt/jobs/a",
+            "checkpoint.msc": {"configSecret": "msc-config"},
+        },
+        True,
+    ),
+    (
         "auto layouts leave the degrees to the operator",
         "spec.parallelism.auto",
         {"parallelism.auto": True, "checkpoint.shardingType": "fully_reshardable"},

@@ -13,6 +13,7 @@ directory only because the tracker names it.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import math
 import os
@@ -40,10 +41,10 @@ from megatron_contract import paths
 from megatron_contract.config import CheckpointConfig, TrainerConfig, is_msc_url
 from megatron_contract.errors import ConfigError
 
-from . import optim_compat
+from . import fsdp_checkpoint, optim_compat
 from .async_save import abort as abort_writer
 from .async_save import writer_queue
-from .decisions import save_sharding_type
+from .decisions import one_bucket_as_none, save_sharding_type
 from .flops import flops_per_step
 from .interchange import (
     CHECKPOINT_VERSION,
@@ -100,11 +101,25 @@ def read_metadata(path: str) -> Any:
     return read_safely(path)
 
 
-def incomplete_reason(path: str | Path) -> str | None:
-    """Why `path` is not a complete checkpoint, or None when it is."""
+def format_of(path: str | Path) -> str:
+    """The format of the iteration directory at `path` (contract: paths.checkpoint_format).
+    torch_dist writes common.pt first and metadata.json last; fsdp_dtensor (plain torch DCP)
+    writes neither, so a directory with one of them is torch_dist, complete or not."""
     path = str(path)
     store = storage_for(path)
-    for name in ("metadata.json", ".metadata", "common.pt"):
+    if any(store.size(store.join(path, n)) is not None for n in ("common.pt", "metadata.json")):
+        return paths.TORCH_DIST
+    return paths.FSDP_DTENSOR
+
+
+def incomplete_reason(path: str | Path) -> str | None:
+    """Why `path` is not a complete checkpoint (of either format), or None when it is."""
+    path = str(path)
+    store = storage_for(path)
+    names: tuple[str, ...] = ("metadata.json", ".metadata", "common.pt")
+    if format_of(path) == paths.FSDP_DTENSOR:
+        names = (paths.DCP_METADATA,)  # torch DCP writes it last, once every shard is written
+    for name in names:
         if store.size(store.join(path, name)) is None:
             return f"{name} is missing (the save was interrupted)"
     from .safe_metadata import MetadataError
@@ -208,8 +223,11 @@ def model_fingerprint(model_json: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_common(path: str | Path) -> dict[str, Any]:
-    """common.pt of the checkpoint at `path` (a directory or an msc:// URL)."""
+    """The common state of the checkpoint at `path` (a directory or an msc:// URL): common.pt
+    of a torch_dist one, the top-level non-tensor entries of an fsdp_dtensor one."""
     path = str(path)
+    if format_of(path) == paths.FSDP_DTENSOR:
+        return fsdp_checkpoint.read_common(path, read_metadata(path))
     store = storage_for(path)
     data = store.read_bytes(store.join(path, "common.pt"))
     common: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
@@ -315,13 +333,15 @@ class Checkpointer:
         use_msc(self.root)
         self.platform = platform
         self.rank = torch.distributed.get_rank()
-        self.async_queue = (
-            writer_queue(local_rank, platform.is_cuda) if cfg.checkpoint.async_save else None
-        )
+        # Megatron FSDP's fsdp_dtensor saves are synchronous (torch DCP), as in Megatron-LM.
+        async_save = cfg.checkpoint.async_save and not cfg.parallelism.fsdp
+        self.async_queue = writer_queue(local_rank, platform.is_cuda) if async_save else None
         self.pruner = Pruner(self.root, cfg.checkpoint.keep) if self.rank == 0 else None
         self.newest: int | None = None  # newest complete checkpoint (for progress reports)
         self.save_strategy: Any = None
         p = cfg.parallelism
+        self.fsdp = p.fsdp
+        self.format = paths.checkpoint_format(p.fsdp)
         self.layout = {
             "tensor": p.tensor,
             "pipeline": p.pipeline,
@@ -458,6 +478,11 @@ class Checkpointer:
             self.storage.makedirs(path)
         torch.distributed.barrier()
         started = time.monotonic()
+        if self.fsdp:
+            self._save_fsdp(path, iteration, consumed_samples, model, optimizer, scheduler, loss)
+            self._finished(iteration, path, paths.FSDP_DTENSOR)
+            log.info("checkpoint %d saved in %.2fs", iteration, time.monotonic() - started)
+            return
         if model[0].ddp_config.overlap_param_gather:
             # With the overlapped all-gather, this rank's parameters are only gathered in the
             # next forward pass; save the updated ones (Megatron-LM's force_param_sync).
@@ -473,29 +498,8 @@ class Checkpointer:
         state["num_floating_point_operations_so_far"] = iteration * flops_per_step(
             self.cfg.model, self.cfg.training.global_batch_size
         )
-        ddp = model[0].ddp_config
-        state["args"] = megatron_lm_args(
-            self.cfg,
-            iteration=iteration,
-            consumed_samples=consumed_samples,
-            sharding_type=sharding,
-            moe_grouped_gemm=bool(getattr(model[0].config, "moe_grouped_gemm", False)),
-            ddp=ddp,
-        )
-        state["trainer"] = {
-            "formatVersion": FORMAT_VERSION,
-            "iteration": iteration,
-            "consumedSamples": consumed_samples,
-            "globalBatchSize": self.cfg.training.global_batch_size,
-            "model": model_fingerprint(self.cfg.model_json),
-            "layout": self.layout,
-            "shardingType": sharding,
-            "jobUid": self.cfg.job.uid,
-            "loss": loss,
-            "precision": self.cfg.training.precision,
-            # The dp_reshardable optimizer state is per bucket: a resume builds the same ones.
-            "bucketSize": ddp.bucket_size,
-        }
+        state["args"] = self._args(model, iteration, consumed_samples, sharding)
+        state["trainer"] = self._record(model, iteration, consumed_samples, sharding, loss)
         use_async = self.async_queue is not None and not blocking
         request = dist_checkpointing.save(
             state,
@@ -508,12 +512,7 @@ class Checkpointer:
         )
 
         def finished() -> None:
-            if self.pruner is not None:
-                write_tracker(self.root, iteration)
-                # Off the critical path: the other ranks are already past this collective.
-                self.pruner.submit(iteration)
-            self.newest = iteration
-            log.info("checkpoint %d complete (%s, %s)", iteration, path, sharding)
+            self._finished(iteration, path, sharding)
 
         if use_async:
             assert request is not None and self.async_queue is not None
@@ -528,6 +527,105 @@ class Checkpointer:
             finished()
             log.info("checkpoint %d saved in %.2fs", iteration, time.monotonic() - started)
 
+    def _args(self, model: list[Any], iteration: int, consumed: int, sharding: str) -> Any:
+        return megatron_lm_args(
+            self.cfg,
+            iteration=iteration,
+            consumed_samples=consumed,
+            sharding_type=sharding,
+            moe_grouped_gemm=bool(getattr(model[0].config, "moe_grouped_gemm", False)),
+            ddp=model[0].ddp_config,
+        )
+
+    def _record(
+        self, model: list[Any], iteration: int, consumed: int, sharding: str, loss: float | None
+    ) -> dict[str, Any]:
+        """Our own record of a checkpoint (`trainer` in its common state)."""
+        ddp = model[0].ddp_config
+        return {
+            "formatVersion": FORMAT_VERSION,
+            "iteration": iteration,
+            "consumedSamples": consumed,
+            "globalBatchSize": self.cfg.training.global_batch_size,
+            "model": model_fingerprint(self.cfg.model_json),
+            "layout": self.layout,
+            "shardingType": sharding,
+            "checkpointFormat": self.format,
+            "jobUid": self.cfg.job.uid,
+            "loss": loss,
+            "precision": self.cfg.training.precision,
+            # The dp_reshardable optimizer state is per bucket: a resume builds the same ones.
+            "bucketSize": None if self.fsdp else one_bucket_as_none(ddp.bucket_size),
+        }
+
+    def _fsdp_state(
+        self, model: list[Any], optimizer: Any, scheduler: Any, *, is_loading: bool, rng: bool
+    ) -> dict[str, Any]:
+        """Megatron-LM's fsdp_dtensor state dict of this rank (fsdp_checkpoint.py)."""
+        pp = parallel_state.get_pipeline_model_parallel_rank()
+        tp = parallel_state.get_tensor_model_parallel_rank()
+        return fsdp_checkpoint.state_dict(
+            _model_keys(model),
+            optimizer,
+            scheduler,
+            args=None,
+            iteration=0,
+            rng_key=f"({pp}, {tp})",
+            rng=[capture_rng(self.platform)] if rng else None,
+            dp_cp_group=parallel_state.get_data_parallel_group(with_context_parallel=True),
+            is_loading=is_loading,
+        )
+
+    def _fsdp_preprocess(self, state: dict[str, Any], model: list[Any]) -> dict[str, Any]:
+        m = self.cfg.model
+        num_experts = m.moe.num_experts if m.moe is not None else None
+        # Megatron-LM passes `unwrap_model(model)[0]`, which stops at MegatronFSDP (the
+        # adapter's `module`): its `get_parameter("module." + key)` resolves the state dict's keys.
+        preprocessed: dict[str, Any] = fsdp_checkpoint.preprocess(
+            state, model[0].module, m.activation == "swiglu", num_experts
+        )
+        return preprocessed
+
+    def _save_fsdp(
+        self,
+        path: str,
+        iteration: int,
+        consumed_samples: int,
+        model: list[Any],
+        optimizer: Any,
+        scheduler: Any,
+        loss: float | None,
+    ) -> None:
+        """Megatron-LM's fsdp_dtensor save: no parameter sync first (each rank saves its own
+        shards), synchronous (torch DCP), every entry in DCP."""
+        state = self._fsdp_state(model, optimizer, scheduler, is_loading=False, rng=True)
+        state["iteration"] = iteration
+        state["args"] = self._args(model, iteration, consumed_samples, paths.FSDP_DTENSOR)
+        record = self._record(model, iteration, consumed_samples, paths.FSDP_DTENSOR, loss)
+        state[fsdp_checkpoint.TRAINER_KEY] = json.dumps(record)
+        state["num_floating_point_operations_so_far"] = iteration * flops_per_step(
+            self.cfg.model, self.cfg.training.global_batch_size
+        )
+        fsdp_checkpoint.save(self._fsdp_preprocess(state, model), path)
+
+    def _load_fsdp(
+        self, path: str, model: list[Any], optimizer: Any, scheduler: Any, rng: bool
+    ) -> dict[str, Any]:
+        """Megatron-LM's fsdp_dtensor load (checkpointing.py `_load_base_checkpoint` and
+        `load_checkpoint`); returns the loaded scheduler state and RNG state."""
+        optim_compat.prepare_for_load(optimizer)
+        state = self._fsdp_state(model, optimizer, scheduler, is_loading=True, rng=rng)
+        keys = _model_keys(model)
+        raw_model = {key: state[key].copy() for key, _ in keys}
+        raw_optimizer = state["optimizer"].copy()
+        loaded = self._fsdp_preprocess(state, model)
+        fsdp_checkpoint.load(loaded, path)
+        # The split SwiGLU halves loaded into views of the unsplit tensors: load those.
+        for key, chunk in keys:
+            chunk.load_state_dict(raw_model[key], strict=True)
+        optim_compat.load_optimizer_state(optimizer, raw_optimizer)
+        return loaded
+
     def _save_strategy(self) -> Any:
         if self.save_strategy is None:
             strategy = get_default_save_sharded_strategy("torch_dist")
@@ -536,6 +634,14 @@ class Checkpointer:
                 strategy, parallel_state.get_data_parallel_group(with_context_parallel=True)
             )
         return self.save_strategy
+
+    def _finished(self, iteration: int, path: str, sharding: str) -> None:
+        if self.pruner is not None:
+            write_tracker(self.root, iteration)
+            # Off the critical path: the other ranks are already past this collective.
+            self.pruner.submit(iteration)
+        self.newest = iteration
+        log.info("checkpoint %d complete (%s, %s)", iteration, path, sharding)
 
     def finalize(self, blocking: bool = False) -> None:
         """Finish async saves that are done (all of them if `blocking`). Collective."""
@@ -560,14 +666,19 @@ class Checkpointer:
 
     def load(self, iteration: int, model: list[Any], optimizer: Any, scheduler: Any) -> Resumed:
         path = iteration_path(self.root, iteration)
-        # A Path for a directory: Megatron-Core lists it (Path.iterdir) when common.pt is missing.
-        common = TorchCommonLoadStrategy().load_common(path if is_msc_url(path) else Path(path))
+        if format_of(path) == paths.FSDP_DTENSOR:
+            common = load_common(path)
+        else:
+            # A Path for a directory: Megatron-Core lists it (Path.iterdir) when common.pt is
+            # missing.
+            common = TorchCommonLoadStrategy().load_common(path if is_msc_url(path) else Path(path))
         saved = self._check_compatible(common, path)
         saved_layout = saved["layout"]
-        # Megatron-LM's rule: the RNG state is per (PP, TP) rank (per DP rank too with EP).
-        rng_keys = ("tensor", "pipeline") + (
-            ("expert", "data", "context") if (self.layout["expert"] or 1) > 1 else ()
-        )
+        # Megatron-LM's rule: the RNG state is per (PP, TP) rank (per DP rank too with EP),
+        # so it is sharded differently when either side has EP > 1 (from EP 2 to 1 the load
+        # asked for the unsharded one, and failed).
+        with_ep = max(saved_layout.get("expert") or 1, self.layout["expert"] or 1) > 1
+        rng_keys = ("tensor", "pipeline") + (("expert", "data", "context") if with_ep else ())
         same_rng_layout = all(saved_layout.get(k) == self.layout[k] for k in rng_keys)
         if saved["formatVersion"] < FORMAT_VERSION:
             log.warning("%s has checkpoint format %s: RNG states are not restored", path,
@@ -580,6 +691,15 @@ class Checkpointer:
                 path,
                 saved_layout,
                 self.layout,
+            )
+        if self.fsdp:
+            loaded = self._load_fsdp(path, model, optimizer, scheduler, rng=same_rng_layout)
+            apply_schedule(loaded["opt_param_scheduler"], scheduler, optimizer, path)
+            if same_rng_layout:
+                (rng,) = loaded["rng_state"].values()
+                restore_rng(rng[0], self.platform)
+            return Resumed(
+                iteration=int(saved["iteration"]), consumed_samples=int(saved["consumedSamples"])
             )
         optim_compat.prepare_for_load(optimizer)
         state = self._state_dict(
@@ -640,8 +760,37 @@ class Checkpointer:
                 f"training.globalBatchSize: the checkpoint in {path} used {saved['globalBatchSize']}, "
                 f"this job has {gbs}; the global batch size must stay fixed across a resume"
             )
+        saved_format = saved.get("checkpointFormat", paths.TORCH_DIST)
+        if saved_format != self.format:
+            problems.append(
+                f"parallelism.fsdp: the checkpoint in {path} is in the {saved_format} format, "
+                f"this job saves {self.format} (Megatron FSDP saves fsdp_dtensor, everything "
+                "else torch_dist) and neither loads into the other: set parallelism.fsdp back "
+                f"to {str(saved_format == paths.FSDP_DTENSOR).lower()}, or use a new "
+                "checkpoint.dir (checkpoint.init.megatron with load: weights reads a torch_dist "
+                "checkpoint's weights into any layout)"
+            )
+        saved_ep, ep = saved["layout"].get("expert") or 1, self.layout["expert"] or 1
+        if (saved_ep > 1) != (ep > 1):
+            problems.append(
+                f"parallelism.expert: the checkpoint in {path} was saved with expert={saved_ep}, "
+                f"this job has expert={ep}. With expert parallelism the experts have an optimizer "
+                "of their own (Megatron-Core chains two), without it they share the dense one, "
+                "so the optimizer state does not load across that change: keep expert above 1 "
+                "(its size may change with checkpoint.shardingType: fully_reshardable), or start "
+                "a new checkpoint.dir from these weights (checkpoint.init.megatron, load: weights)"
+            )
         changed = [k for k in _RESHARD_FIELDS if saved["layout"].get(k) != self.layout[k]]
-        if changed and saved["shardingType"] != "fully_reshardable":
+        if changed and saved_format == paths.FSDP_DTENSOR == self.format:
+            old = ", ".join(f"{k}={saved['layout'].get(k)}" for k in changed)
+            new = ", ".join(f"{k}={self.layout[k]}" for k in changed)
+            problems.append(
+                f"parallelism: the checkpoint in {path} was saved by Megatron FSDP with {old}; "
+                f"this job has {new}. An fsdp_dtensor checkpoint resumes here at a new "
+                "parallelism.data only (resharding it over tensor or expert ranks is not "
+                "tested): resume with the old layout"
+            )
+        elif changed and saved["shardingType"] != "fully_reshardable":
             old = ", ".join(f"{k}={saved['layout'].get(k)}" for k in changed)
             new = ", ".join(f"{k}={self.layout[k]}" for k in changed)
             problems.append(

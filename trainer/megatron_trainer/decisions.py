@@ -125,7 +125,7 @@ def recorded_bucket_size(common: dict[str, Any]) -> int | None:
     trainer = common.get("trainer")
     if isinstance(trainer, dict):
         size = trainer.get("bucketSize", LEGACY_BUCKET_SIZE)
-        return None if size is None else int(size)
+        return one_bucket_as_none(None if size is None else int(size))
     args = common.get("args")
     if not getattr(args, "overlap_grad_reduce", False):
         return None
@@ -133,14 +133,41 @@ def recorded_bucket_size(common: dict[str, Any]) -> int | None:
         raise ValueError("the checkpoint was saved with --ddp-num-buckets")
     explicit = getattr(args, "ddp_bucket_size", None)
     if explicit is not None:
-        return int(explicit)
+        return one_bucket_as_none(int(explicit))
     dp = int(getattr(args, "data_parallel_size", 1) or 1)
     cp = int(getattr(args, "context_parallel_size", 1) or 1)
     return ddp_bucket_size(True, dp * cp)
 
 
+# "One bucket per model chunk" as a size: above any chunk's parameter count, so DDP never splits
+# a chunk (param_and_grad_buffer.py closes a bucket only once it reaches the size), and, unlike
+# None, kept when overlap_grad_reduce is on.
+ONE_BUCKET = 2**62
+
+
+def one_bucket_as_none(size: int | None) -> int | None:
+    """A bucket size as recorded: None for one bucket per chunk, however DDP was told so."""
+    return None if size is None or size >= ONE_BUCKET else size
+
+
+def ddp_buckets(recorded: int | None, overlap_grad_reduce: bool) -> tuple[bool, int | None]:
+    """(overlap_grad_reduce, bucket_size) for DistributedDataParallelConfig that make DDP build
+    the buckets a checkpoint's optimizer state was saved in (`recorded`, None: one bucket per
+    model chunk), given whether this run wants to overlap the gradient reduction.
+
+    DDP's own rule (distributed_data_parallel.py, `__init__`) rewrites the size it is given: None
+    becomes max(40M, 1M·DP) with overlap_grad_reduce, and any size becomes None (one bucket)
+    without. So passing the recorded size through unchanged loses it both ways: one bucket saved
+    without overlap (Megatron-LM's default) came back as 40M-parameter buckets on a GPU, and a
+    recorded size came back as one bucket without overlap (CPU). One bucket with overlap is
+    ONE_BUCKET; a recorded size turns overlap on."""
+    if recorded is None:
+        return overlap_grad_reduce, (ONE_BUCKET if overlap_grad_reduce else None)
+    return True, recorded
+
+
 def needs_param_broadcast(
-    loads_weights: bool, data_parallel: int, expert_data_parallel: int
+    loads_weights: bool, data_parallel: int, expert_data_parallel: int, fsdp: bool
 ) -> bool:
     """Whether DP rank 0's weights must be broadcast to the other DP ranks at start.
 
@@ -148,34 +175,58 @@ def needs_param_broadcast(
     tracker seeds: Megatron-LM broadcasts only with --data-parallel-random-init), and a resume or
     `checkpoint.init` overwrites every weight with the same stored values on each replica. So the
     broadcast (all parameters, over DP: seconds for a large model) is only a guard for a fresh
-    start, and has nothing to do with a single replica."""
+    start, and has nothing to do with a single replica.
+
+    Never under Megatron FSDP: its parameters are DTensor shards once wrapped, which
+    `torch.distributed.broadcast` refuses (NotImplementedError: no sharding strategy for
+    c10d.broadcast_), and each DP rank owns its shard alone, so there is no replica to disagree
+    with (each rank shards the same full initialisation)."""
+    if fsdp:
+        return False
     return not loads_weights and max(data_parallel, expert_data_parallel) > 1
 
 
-def gradient_accumulation_fusion(te: bool, apex: bool) -> bool:
+def gradient_accumulation_fusion(te: bool, apex: bool, fsdp: bool) -> bool:
     """Fuse the weight-gradient GEMM with the fp32 main-grad accumulation.
 
     TE's linear layers do this themselves, but GPTModel's output layer is Megatron's own
     ColumnParallelLinear, which raises RuntimeError at construction when the flag is on and
     Apex's `fused_weight_gradient_mlp_cuda` extension is missing (tensor_parallel/layers.py).
     So: only with TE (the local spec's layers would all need Apex) and only when Apex is there.
+    Never with Megatron FSDP: its gradients live in its own sharded buffers, not in the
+    `main_grad` the fused kernel accumulates into (Megatron-LM warns, and its FSDP guide runs
+    --no-gradient-accumulation-fusion).
     """
-    return te and apex
+    return te and apex and not fsdp
 
 
-def cuda_env_defaults(tensor: int, context: int, cores: int, procs_per_node: int) -> dict[str, str]:
+def cuda_env_defaults(
+    tensor: int, context: int, cores: int, procs_per_node: int, fsdp: bool
+) -> dict[str, str]:
     """Environment a CUDA rank needs before it initialises CUDA, as Megatron-LM requires it.
 
     - CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP > 1: one hardware work queue, so the TP/CP
       communication kernels are scheduled before the compute they overlap (arguments.py asserts
-      it on Hopper and older; Blackwell does not need it, and it does no harm there).
+      it on Hopper and older; Blackwell does not need it, and it does no harm there). Never with
+      Megatron FSDP, whose gathers must run beside the compute on their own queues: Megatron-LM
+      asserts it is not 1 there (`fsdp_problems` refuses a pod that sets it).
     - OMP_NUM_THREADS: the pod's cores shared between its ranks (torchrun, which Megatron-LM is
       started with, sets 1 for the same reason: without it every rank spins up a thread per core).
     """
     env = {OMP_NUM_THREADS: str(max(1, cores // max(1, procs_per_node)))}
-    if tensor > 1 or context > 1:
+    if (tensor > 1 or context > 1) and not fsdp:
         env[CUDA_DEVICE_MAX_CONNECTIONS] = "1"
     return env
+
+
+def fsdp_env_problems(fsdp: bool, environ: dict[str, str]) -> list[str]:
+    """The pod's environment against Megatron FSDP (Megatron-LM's arguments.py asserts this)."""
+    if fsdp and environ.get(CUDA_DEVICE_MAX_CONNECTIONS) == "1":
+        return [
+            "env: CUDA_DEVICE_MAX_CONNECTIONS=1 serialises Megatron FSDP's parameter gathers "
+            "behind the compute (Megatron-LM refuses it with FSDP): remove it from spec.env"
+        ]
+    return []
 
 
 def rank_seed(seed: int, pipeline_rank: int) -> int:

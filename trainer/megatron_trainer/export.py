@@ -79,6 +79,15 @@ def checkpoint_path(checkpoint_dir: str | Path, iteration: int | None = None) ->
     reason = incomplete_reason(path)
     if reason is not None:
         raise ExportError(f"{path}: incomplete checkpoint: {reason}")
+    from megatron_contract.paths import FSDP_DTENSOR
+
+    from .checkpoint import format_of
+
+    if format_of(path) == FSDP_DTENSOR:
+        raise ExportError(
+            f"{path}: an fsdp_dtensor checkpoint (Megatron FSDP): mjob export reads the "
+            "torch_dist format only (a job without parallelism.fsdp saves it)"
+        )
     return path
 
 

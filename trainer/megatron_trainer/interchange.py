@@ -30,6 +30,7 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 from megatron_contract.config import TrainerConfig
+from megatron_contract.paths import checkpoint_format
 
 from .platform import Platform
 
@@ -157,11 +158,16 @@ def megatron_lm_args(
         "ddp_bucket_size": getattr(ddp, "bucket_size", None),
         "check_for_nan_in_loss_and_grad": bool(getattr(ddp, "check_for_nan_in_grad", True)),
         "loss_scale": None,
+        # Megatron FSDP (--use-megatron-fsdp, optim_grads_params) saves fsdp_dtensor, which
+        # Megatron-LM requires with it (arguments.py `validate_args`).
+        "use_megatron_fsdp": p.fsdp,
+        "use_custom_fsdp": p.fsdp,
+        "data_parallel_sharding_strategy": "optim_grads_params" if p.fsdp else "no_shard",
         # Checkpoint format.
-        "ckpt_format": "torch_dist",
+        "ckpt_format": checkpoint_format(p.fsdp),
         "use_dist_ckpt": True,
         "use_distributed_optimizer": True,
-        "dist_ckpt_optim_fully_reshardable": sharding_type == "fully_reshardable",
+        "dist_ckpt_optim_fully_reshardable": not p.fsdp and sharding_type == "fully_reshardable",
         "no_save_optim": False,
         "no_save_rng": False,
     }

@@ -75,9 +75,10 @@ def rank_env(
     env: RuntimeEnv,
     local_rank: int,
     cpu: bool,
-    parallel: tuple[int, int] = (1, 1),
+    parallel: tuple[int, int, bool] = (1, 1, False),
 ) -> dict[str, str]:
-    """The environment of one local rank. `parallel` is (tensor, context) parallel size."""
+    """The environment of one local rank. `parallel` is (tensor size, context size, whether
+    Megatron FSDP is on)."""
     e = contract_env
     child = dict(environ)
     child.update(
@@ -91,7 +92,8 @@ def rank_env(
         }
     )
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    defaults = cuda_env_defaults(*parallel, cores or 1, env.nproc_per_node)
+    tensor, context, fsdp = parallel
+    defaults = cuda_env_defaults(tensor, context, cores or 1, env.nproc_per_node, fsdp)
     if cpu:
         defaults.pop(CUDA_DEVICE_MAX_CONNECTIONS, None)
     for name, value in defaults.items():
@@ -106,7 +108,7 @@ class Supervisor:
         env: RuntimeEnv,
         cpu: bool,
         command: Sequence[str] | RankCommand,
-        parallel: tuple[int, int] = (1, 1),
+        parallel: tuple[int, int, bool] = (1, 1, False),
         wrap: Callable[[int, list[str]], list[str]] | None = None,
         zygote: Sequence[str] | None = None,
     ) -> None:
@@ -290,7 +292,7 @@ def _run_in_place(
     config: LaunchConfig,
     command: list[str],
     cpu: bool,
-    parallel: tuple[int, int],
+    parallel: tuple[int, int, bool],
 ) -> int:
     """`restartPolicy.strategy: InPlace`: the pod outlives its ranks' attempts (agent/)."""
     from .agent import inplace
@@ -350,7 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     cpu = config.platform == "cpu"
-    parallel = (config.parallelism.tensor, config.parallelism.context)
+    p = config.parallelism
+    parallel = (p.tensor, p.context, p.fsdp)
     if env.restart_strategy == IN_PLACE and config.trainer is None:
         worker = [sys.executable, "-m", "megatron_trainer.worker"]
         return _run_in_place(env, config, worker, cpu, parallel)

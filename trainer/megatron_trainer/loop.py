@@ -29,10 +29,22 @@ from megatron_contract.exitcodes import ExitCode
 
 from .checkpoint import Checkpointer, iteration_path, load_common
 from .data import MicroBatches, build_dataset
-from .decisions import ddp_bucket_size, needs_param_broadcast, rank_seed, recorded_bucket_size
+from .decisions import (
+    ddp_bucket_size,
+    ddp_buckets,
+    needs_param_broadcast,
+    rank_seed,
+    recorded_bucket_size,
+)
 from .flops import flops_per_step, tflops_per_gpu
 from .model import build_model, transformer_config
-from .numerics import NonFiniteLoss, check_loss, is_non_finite_grad_error, nan_injection_iteration
+from .numerics import (
+    NonFiniteLoss,
+    check_grad_norm,
+    check_loss,
+    is_non_finite_grad_error,
+    nan_injection_iteration,
+)
 from .platform import Platform, setup_platform
 from .progress import LeaseWriter, ProgressReporter, Report
 from .signals import StopFlag, inject_failures
@@ -110,6 +122,31 @@ def _forward_step(poison: bool, data_iterator: Any, model: Any) -> tuple[torch.T
     return output, partial(_loss_func, batch["loss_mask"], poison)
 
 
+def _weights_only(init: InitConfig | None) -> bool:
+    """checkpoint.init that reads only weights (Hugging Face, or a Megatron checkpoint's
+    `load: weights`)."""
+    if init is None:
+        return False
+    return init.hugging_face is not None or (
+        init.megatron is not None and init.megatron.load == "weights"
+    )
+
+
+def broadcast_fresh_weights(model: list[Any], loads_weights: bool, fsdp: bool) -> bool:
+    """On a fresh start every DP replica takes DP rank 0's weights, where that is needed
+    (decisions.needs_param_broadcast: never under Megatron FSDP). True when it broadcast."""
+    if not needs_param_broadcast(
+        loads_weights,
+        parallel_state.get_data_parallel_world_size(with_context_parallel=True),
+        parallel_state.get_expert_data_parallel_world_size(),
+        fsdp,
+    ):
+        return False
+    for chunk in model:
+        chunk.broadcast_params()
+    return True
+
+
 class Trainer:
     def __init__(
         self, cfg: TrainerConfig, env: RuntimeEnv, local_rank: int, stop: StopFlag
@@ -133,8 +170,17 @@ class Trainer:
         # optimizer state is stored per bucket), so look before building the model.
         self.checkpointer = Checkpointer(cfg, self.platform, local_rank)
         resume = self.checkpointer.find_resume_point()
-        bucket_size = self._bucket_size(resume)
-        self.model = build_model(cfg, self.platform, self.tconfig, bucket_size)
+        # Weights a first run starts from go into the bare model, before Megatron DDP or FSDP
+        # wraps it: FSDP shards what it finds at wrapping (and its optimizer's
+        # reload_model_params does nothing), DDP copies it into its buffers.
+        weights_first = resume is None and _weights_only(cfg.checkpoint.init)
+        self.model = build_model(
+            cfg,
+            self.platform,
+            self.tconfig,
+            self._buckets(resume),
+            before_wrap=self._load_init_weights if weights_first else None,
+        )
         # Reseed after construction (construction consumed layout-dependent amounts of
         # randomness); dropout and other runtime randomness start from here.
         _seed_everything(self.seed)
@@ -176,15 +222,9 @@ class Trainer:
         self.iteration = 0
         consumed = 0
         loads_weights = resume is not None or cfg.checkpoint.init is not None
-        if needs_param_broadcast(
-            loads_weights,
-            parallel_state.get_data_parallel_world_size(with_context_parallel=True),
-            parallel_state.get_expert_data_parallel_world_size(),
-        ):
-            for chunk in self.model:  # a fresh start: every DP replica takes DP rank 0's weights
-                chunk.broadcast_params()
-        if resume is None and cfg.checkpoint.init is not None:
-            consumed = self._start_from(cfg.checkpoint.init)
+        broadcast_fresh_weights(self.model, loads_weights, cfg.parallelism.fsdp)
+        if resume is None and cfg.checkpoint.init is not None and not weights_first:
+            consumed = self._start_from_full(cfg.checkpoint.init)
         elif resume is None:
             self._log_rank0(
                 "RESUME: no complete checkpoint in %s: starting from scratch", cfg.checkpoint.dir
@@ -238,10 +278,12 @@ class Trainer:
         )
         self._log_rank0("start-up took %.1fs", time.monotonic() - started)
 
-    def _bucket_size(self, resume: int | None) -> int | None:
-        """The gradient bucket size: the checkpoint's when resuming or starting from a full
-        Megatron checkpoint (its dp_reshardable optimizer state is stored per bucket), else
-        Megatron-LM's rule for a fresh run (decisions.ddp_bucket_size)."""
+    def _buckets(self, resume: int | None) -> tuple[bool, int | None]:
+        """(overlap_grad_reduce, bucket size): the checkpoint's buckets when resuming or starting
+        from a full Megatron checkpoint (its dp_reshardable optimizer state is stored per
+        bucket; decisions.ddp_buckets), else Megatron-LM's rule for a fresh run
+        (decisions.ddp_bucket_size)."""
+        overlap = self.platform.is_cuda
         source: str | None = None
         init = self.cfg.checkpoint.init
         if resume is not None:
@@ -253,7 +295,7 @@ class Trainer:
         if source is not None:
             common = load_common(source)
             try:
-                return recorded_bucket_size(common if isinstance(common, dict) else {})
+                recorded = recorded_bucket_size(common if isinstance(common, dict) else {})
             except ValueError as err:
                 raise ConfigError(
                     [
@@ -262,10 +304,9 @@ class Trainer:
                         "weights) or save it with --ddp-bucket-size"
                     ]
                 ) from err
-        return ddp_bucket_size(
-            overlap_grad_reduce=self.platform.is_cuda,
-            data_parallel_with_context=self.cfg.parallelism.data * self.cfg.parallelism.context,
-        )
+            return ddp_buckets(recorded, overlap)
+        p = self.cfg.parallelism
+        return overlap, ddp_bucket_size(overlap, p.data * p.context)
 
     def _optimizer_config(self) -> OptimizerConfig:
         t = self.cfg.training
@@ -294,37 +335,44 @@ class Trainer:
             hysteresis=2,
         )
 
-    def _start_from(self, init: InitConfig) -> int:
-        """The first run starts from existing weights (checkpoint.init); returns the samples
-        already consumed. Restarts never come here: they resume from the job's own checkpoint."""
+    def _load_init_weights(self, chunks: list[Any]) -> None:
+        """The first run starts from existing weights (checkpoint.init: Hugging Face, or a
+        Megatron checkpoint's weights), loaded into the bare model chunks. Restarts never come
+        here: they resume from the job's own checkpoint."""
         from .hf import load_hf_into_model
+        from .init_weights import load_megatron_weights
 
+        init = self.cfg.checkpoint.init
+        assert init is not None
         if init.hugging_face is not None:
             # config.json was checked against spec.model by the launcher (validate.py).
             path = init.hugging_face.path
-            filled = load_hf_into_model(self.model, path, self.cfg.model)
+            filled = load_hf_into_model(chunks, path, self.cfg.model)
             self._log_rank0("INIT: %d tensors from the Hugging Face model %s", filled, path)
-            self.optimizer.reload_model_params()  # the optimizer's fp32 copies of the weights
-            return 0
+            return
         assert init.megatron is not None
         try:
-            return self._start_from_megatron(init)
+            point = load_megatron_weights(chunks, init.megatron.path)
         finally:
             use_msc(self.cfg.checkpoint.dir)  # the job's own checkpoints, after reading the init
+        self._log_rank0("INIT: weights of %s (iteration %s)", point.path, point.iteration)
 
-    def _start_from_megatron(self, init: InitConfig) -> int:
+    def _start_from_full(self, init: InitConfig) -> int:
+        """checkpoint.init.megatron with load: full (weights, optimizer and schedule), into the
+        wrapped model and the built optimizer; returns the samples already consumed."""
         from .init_weights import load_megatron_weights
 
         assert init.megatron is not None
-        m = init.megatron
-        if m.load == "weights":
-            point = load_megatron_weights(self.model, m.path)
-            self.optimizer.reload_model_params()
-            self._log_rank0("INIT: weights of %s (iteration %s)", point.path, point.iteration)
-            return 0
-        point = load_megatron_weights(
-            self.model, m.path, "full", optimizer=self.optimizer, scheduler=self.scheduler
-        )
+        try:
+            point = load_megatron_weights(
+                self.model,
+                init.megatron.path,
+                "full",
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+            )
+        finally:
+            use_msc(self.cfg.checkpoint.dir)
         self.iteration = point.iteration or 0
         self._log_rank0(
             "INIT: everything of %s: continuing at iteration %d", point.path, self.iteration + 1
@@ -368,6 +416,7 @@ class Trainer:
                 raise NonFiniteLoss(f"gradients are not finite: {err}") from err
             raise
         updated, grad_norm, _ = self.optimizer.step()
+        check_grad_norm(updated, None if grad_norm is None else float(grad_norm))
         if updated:
             self.scheduler.step(increment=cfg.training.global_batch_size)
         else:

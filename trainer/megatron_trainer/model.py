@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from .decisions import (
     gradient_accumulation_fusion,
 )
 from .platform import Platform
+from .validate import te_problems
 
 log = logging.getLogger(__name__)
 
@@ -84,25 +86,11 @@ def transformer_config_kwargs(cfg: TrainerConfig, platform: Platform) -> dict[st
     """The keyword arguments of the TransformerConfig, derived from the config and platform."""
     m, p, t = cfg.model, cfg.parallelism, cfg.training
     te = use_transformer_engine(platform)
-    if t.precision == "fp8" and not te:
-        raise ConfigError(
-            ["training.precision 'fp8' needs Transformer Engine, which is not installed"]
-        )
-    if p.sequence_parallel and not te:
-        raise ConfigError(
-            [
-                "parallelism.sequenceParallel needs Transformer Engine (Megatron-Core's torch "
-                "norms do not support it), which is not installed in this image"
-            ]
-        )
-    if p.context > 1 and not te:
-        raise ConfigError(
-            [
-                "parallelism.context: context parallelism needs Transformer Engine attention "
-                "(Megatron-Core's local attention supports context: 1 only), which does not "
-                "import in this image: use a trainer image with Transformer Engine, or context: 1"
-            ]
-        )
+    # The launcher refused these already if TE is not installed (validate.py); here a TE that is
+    # installed but does not import is refused the same way.
+    problems = te_problems(cfg, te)
+    if problems:
+        raise ConfigError(problems)
     dtype = _DTYPES[t.precision]
     activation = {"swiglu": F.silu, "gelu": F.gelu, "squared_relu": _squared_relu}[m.activation]
     kwargs: dict[str, Any] = {
@@ -142,7 +130,9 @@ def transformer_config_kwargs(cfg: TrainerConfig, platform: Platform) -> dict[st
         # weights do not depend on the TP layout (and, with per-layer seeds, on PP). On GPU that
         # would be slow for big models, so weights are initialised on the device.
         "use_cpu_initialization": not platform.is_cuda,
-        "gradient_accumulation_fusion": gradient_accumulation_fusion(te, apex_available(platform)),
+        "gradient_accumulation_fusion": gradient_accumulation_fusion(
+            te, apex_available(platform), p.fsdp
+        ),
     }
     # Fusions: only those Megatron-Core accepts for this activation/bias, and only on CUDA.
     kwargs.update(
@@ -296,11 +286,16 @@ def fsdp_options(fsdp: bool) -> dict[str, Any]:
 
 
 def build_model(
-    cfg: TrainerConfig, platform: Platform, config: TransformerConfig, bucket_size: int | None
+    cfg: TrainerConfig,
+    platform: Platform,
+    config: TransformerConfig,
+    buckets: tuple[bool, int | None],
+    before_wrap: Callable[[list[Any]], None] | None = None,
 ) -> list[Any]:
     """Model chunks (one per virtual pipeline stage), wrapped for bf16 and in Megatron DDP (or
-    Megatron FSDP) with gradient buckets of `bucket_size` parameters (None: one bucket per
-    chunk; see decisions.ddp_bucket_size and recorded_bucket_size)."""
+    Megatron FSDP). `buckets`: (overlap_grad_reduce, bucket size in parameters; None: one bucket
+    per chunk), see decisions.ddp_bucket_size and ddp_buckets. `before_wrap` gets the bare
+    GPTModel chunks, on their device, before any wrapper (to load weights into them)."""
     spec, why = attention_choice(
         use_transformer_engine(platform),
         platform.is_cuda,
@@ -338,14 +333,18 @@ def build_model(
         chunks.append(model)
     if platform.is_cuda:
         chunks = [m.cuda(torch.cuda.current_device()) for m in chunks]
+    if before_wrap is not None:
+        before_wrap(chunks)
     if config.bf16 or config.fp16:
         chunks = [Float16Module(config, m) for m in chunks]
+    overlap_grad_reduce, bucket_size = buckets
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         use_distributed_optimizer=True,
         bucket_size=bucket_size,
         **{
             **ddp_options(platform.is_cuda, cfg.training.precision, config.overlap_p2p_comm),
+            "overlap_grad_reduce": overlap_grad_reduce,
             **fsdp_options(cfg.parallelism.fsdp),
         },
     )

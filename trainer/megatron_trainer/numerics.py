@@ -7,6 +7,9 @@ Two checks stop that, both before the optimizer step and before any save of the 
 - Megatron-Core's DDP checks each gradient bucket's norm before the data-parallel reduction
   (`DistributedDataParallelConfig.check_for_nan_in_grad`), which raises a RuntimeError.
 Both end the rank with ExitCode.NON_FINITE (17), which the launcher passes on as the pod's exit code.
+Megatron FSDP has no such gradient check (its reduce-scatter never reads
+check_for_nan_in_grad), so there a finite loss with NaN/Inf gradients is caught after the
+optimizer step by its gradient norm (`check_grad_norm`): still before any save of the step.
 """
 
 from __future__ import annotations
@@ -56,3 +59,14 @@ def nan_injection_iteration(environ: dict[str, str] | None = None) -> int | None
             [f"{INJECT_NAN_LOSS}: expected an iteration number such as '3', got {raw!r}"]
         )
     return int(raw)
+
+
+def check_grad_norm(updated: bool, grad_norm: float | None) -> None:
+    """Raise NonFiniteLoss when an applied step's gradient norm is NaN or Inf (Megatron FSDP:
+    nothing checked the gradients before the step). A step the fp16 loss scaler skipped is not
+    an error: the scaler handles its overflow."""
+    if updated and grad_norm is not None and not math.isfinite(grad_norm):
+        raise NonFiniteLoss(
+            f"the gradient norm of this step is {grad_norm}; stopping before any checkpoint of "
+            "this step (the weights it updated are not saved)"
+        )

@@ -8,13 +8,17 @@ check: the environment it was started with, and the data paths on its volumes.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
+from megatron_contract.choices import CPU
 from megatron_contract.config import LaunchConfig, TrainerConfig, is_msc_url
 from megatron_contract.env import MSC_CONFIG, RuntimeEnv
 from megatron_contract.errors import ConfigError
 from megatron_contract.rules import check_config
+
+from .decisions import fsdp_env_problems
 
 
 def validate(
@@ -22,14 +26,17 @@ def validate(
 ) -> None:
     """Raise ConfigError listing every problem; return None when the job can run.
 
-    `check_paths=False` skips the checks that data and tokenizer files exist (for checking a
-    rendered config away from the pod's volumes, e.g. in the contract test).
+    `check_paths=False` skips the checks of the pod's volumes and image: that data and
+    tokenizer files exist, and that Transformer Engine is installed where the layout needs it
+    (for checking a rendered config elsewhere, e.g. in the contract test).
     """
-    problems = [str(p) for p in check_config(config)]
+    problems = [str(p) for p in check_config(config)] + _fsdp_problems(config)
     if env is not None:
         problems += _env_problems(config, env)
     if check_paths:
         problems += _path_problems(config)
+        if config.resources.accelerator != CPU:
+            problems += te_problems(config, te_installed())
     if problems:
         raise ConfigError(problems)
 
@@ -40,6 +47,64 @@ def validate_launch(config: LaunchConfig, env: RuntimeEnv) -> None:
     problems = [str(p) for p in check_config(config)] + _env_problems(config, env)
     if problems:
         raise ConfigError(problems)
+
+
+def _fsdp_problems(config: TrainerConfig) -> list[str]:
+    """What Megatron FSDP's checkpoints (fsdp_dtensor) cannot do; the planner and the CRD refuse
+    the same specs."""
+    if not config.parallelism.fsdp:
+        return []
+    problems = []
+    init = config.checkpoint.init
+    if init is not None and init.megatron is not None and init.megatron.load == "full":
+        problems.append(
+            "checkpoint.init.megatron.load: load: full reads a torch_dist checkpoint's optimizer "
+            "state, which Megatron FSDP (fsdp_dtensor) cannot take: use load: weights"
+        )
+    if is_msc_url(config.checkpoint.dir):
+        problems.append(
+            f"checkpoint.dir: {config.checkpoint.dir}: Megatron FSDP saves fsdp_dtensor "
+            "checkpoints with torch DCP's file-system writer: use a checkpoint volume"
+        )
+    return problems
+
+
+def te_installed() -> bool:
+    """Whether Transformer Engine is installed, without importing it (no torch, no CUDA in the
+    launcher). A build that is installed but does not import is found by the rank
+    (model.use_transformer_engine), with the same messages."""
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def te_problems(config: TrainerConfig, te: bool) -> list[str]:
+    """What a CUDA job asks for that needs Transformer Engine, when `te` is False."""
+    if te:
+        return []
+    p, problems = config.parallelism, []
+    if config.training.precision == "fp8":
+        problems.append(
+            "training.precision: fp8 needs Transformer Engine, which this image lacks: use a "
+            "trainer image with Transformer Engine, or bf16"
+        )
+    if p.sequence_parallel:
+        way_out = (
+            "an MoE model with tensor > 1 needs it, so use tensor: 1"
+            if config.model.moe is not None
+            else "set parallelism.sequenceParallel: false to run without it (more activation "
+            "memory a GPU)"
+        )
+        problems.append(
+            "parallelism.sequenceParallel needs Transformer Engine (Megatron-Core's torch norms "
+            "do not support it), which this image lacks. Sequence parallelism is on by default "
+            f"with tensor > 1 on GPUs: {way_out}, or use a trainer image with Transformer Engine"
+        )
+    if p.context > 1:
+        problems.append(
+            "parallelism.context: context parallelism needs Transformer Engine attention "
+            "(Megatron-Core's local attention supports context: 1 only), which this image "
+            "lacks: use a trainer image with Transformer Engine, or context: 1"
+        )
+    return problems
 
 
 def _env_problems(config: TrainerConfig | LaunchConfig, env: RuntimeEnv) -> list[str]:
@@ -56,7 +121,7 @@ def _env_problems(config: TrainerConfig | LaunchConfig, env: RuntimeEnv) -> list
             f"WORLD_SIZE ({env.world_size}) differs from resources.nodes × procsPerNode "
             f"({config.world_size})"
         )
-    return problems
+    return problems + fsdp_env_problems(config.parallelism.fsdp, dict(os.environ))
 
 
 def _path_problems(config: TrainerConfig) -> list[str]:

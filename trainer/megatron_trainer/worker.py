@@ -60,6 +60,9 @@ def fork_unsafe() -> str:
     """Why forking ranks from this process would be unsafe, or "" when it is safe: a CUDA driver
     initialised here is unusable in a forked child, and a fork copies only the calling thread
     (a lock held by another thread stays held for ever in the child)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "the imports initialised CUDA (torch)"
     try:
         with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
             cuda_loaded = "libcuda.so" in maps.read()

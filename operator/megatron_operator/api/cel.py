@@ -433,6 +433,19 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".checkpoint.msc",
     ),
     rule(
+        f"!{FSDP} || !has({CKPT}.init) || !has({CKPT}.init.megatron) || "
+        f"!has({CKPT}.init.megatron.load) || {CKPT}.init.megatron.load != 'full'",
+        "Megatron FSDP cannot take a torch_dist checkpoint's optimizer state: use load: weights, "
+        "or fsdp: false",
+        ".checkpoint.init.megatron.load",
+    ),
+    rule(
+        f"!{FSDP} || !has({CKPT}.url)",
+        "Megatron FSDP saves fsdp_dtensor checkpoints to a file system: use checkpoint.volume, "
+        "or fsdp: false",
+        ".checkpoint.url",
+    ),
+    rule(
         f"!has({CKPT}.url) || !has({CKPT}.path)",
         "with checkpoint.url put the directory in the URL instead of checkpoint.path",
         ".checkpoint.path",

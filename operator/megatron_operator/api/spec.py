@@ -663,7 +663,8 @@ class CheckpointSpec(ApiModel):
     sharding_type: ShardingType = Field(
         "dp_reshardable",
         description="Distributed-optimizer layout. fully_reshardable allows TP/PP changes on "
-        "resume but saves slower.",
+        "resume but saves slower. Megatron FSDP (parallelism.fsdp) saves the fsdp_dtensor "
+        "format instead, which this does not apply to.",
     )
     grace_period_seconds: PositiveInt = Field(
         300,

@@ -52,7 +52,13 @@ def print_plan(plan: Plan, max_nodes: int = 16, console: Console | None = None) 
             (
                 "memory per GPU",
                 f"{m.per_gpu_gib:.1f} GiB (weights+optimizer {m.weights_and_optimizer_gib:.1f}, "
-                f"activations {m.activations_gib:.1f}, overhead {m.overhead_gib:.1f})",
+                f"activations {m.activations_gib:.1f}, overhead {m.overhead_gib:.1f}"
+                + (
+                    f"; {m.construction_gib:.1f} while FSDP builds the model"
+                    if m.construction_gib
+                    else ""
+                )
+                + ")",
             )
         )
     for key, value in rows:

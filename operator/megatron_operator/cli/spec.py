@@ -39,15 +39,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _suggest(args: argparse.Namespace) -> int:
     from megatron_operator.api import load_file
-    from megatron_operator.core.planner import auto_view, suggestions
+    from megatron_operator.core.layouts import UNVERIFIED
+    from megatron_operator.core.planner import auto_choice, auto_view, suggestions
 
     if args.top < 1:
         raise CliError("--top must be 1 or more", EXIT_INVALID)
     job = load_file(args.file, args.overrides)
     found = suggestions(job.spec)
-    rows = [s.to_dict(s.plan.layout_string(), auto_view(s.plan)[3]) for s in found[: args.top]]
+    chosen = auto_choice(found)
+    auto_index = None if chosen is None else found.index(chosen)
+    shown = found[: args.top]
+    rows = [s.to_dict(s.plan.layout_string(), auto_view(s.plan)[3]) for s in shown]
     if args.output != "table":
-        doc = {"job": job.name, "valid": len(found), "suggestions": rows}
+        doc = {
+            "job": job.name,
+            "valid": len(found),
+            "suggestions": rows,
+            # Where auto's choice ranks (1-based); None when no tested layout fits.
+            "autoRank": None if auto_index is None else auto_index + 1,
+        }
         sys.stdout.write(dump(doc, args.output))
         return 0
     r = job.spec.resources
@@ -56,17 +66,35 @@ def _suggest(args: argparse.Namespace) -> int:
         f"{r.gpu_memory_gib:g} GiB; the best {len(rows)} (relative step time: 1.00 = every "
         "FLOP at full speed, nothing exposed)"
     )
-    for i, row in enumerate(rows, 1):
-        mark = "  <- parallelism.auto runs this" if i == 1 else ""
-        tight = ", tight" if row["tight"] else ""
-        print(
-            f"{i:>2}. {row['layout']:<24} recompute {row['recompute']:<9} "
-            f"{row['perGpuGiB']:6.1f} GiB{tight}  time ×{row['relativeStepTime']:.3f}{mark}"
-        )
-        print(f"      why: {row['why']}")
+    for i, s in enumerate(shown):
+        _print_row(i + 1, s, auto_index == i)
+    if auto_index is not None and auto_index >= len(shown):
+        print("  …")
+        _print_row(auto_index + 1, found[auto_index], True)
     if not rows:
         print("  none: add nodes, lower training.microBatchSize, or use GPUs with more memory")
+    elif auto_index is None:
+        print("  parallelism.auto runs none of these: each uses a kind of parallelism no test of")
+        print("  this project has run (set the degrees yourself to run one)")
+    untested = sorted({f for s in shown for f in s.unverified})
+    for family in untested:
+        print(f"  unverified {family.value}: {UNVERIFIED[family]}")
     return 0
+
+
+def _print_row(rank: int, s: Any, auto: bool) -> None:
+    from megatron_operator.core.planner import auto_view
+
+    row = s.to_dict(s.plan.layout_string(), auto_view(s.plan)[3])
+    mark = "  <- parallelism.auto runs this" if auto else ""
+    if s.unverified:
+        mark = f"  [unverified: {', '.join(f.value for f in s.unverified)}]"
+    tight = ", tight" if row["tight"] else ""
+    print(
+        f"{rank:>2}. {row['layout']:<24} recompute {row['recompute']:<9} "
+        f"{row['perGpuGiB']:6.1f} GiB{tight}  time ×{row['relativeStepTime']:.3f}{mark}"
+    )
+    print(f"      why: {row['why']}")
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -100,7 +128,8 @@ def register(sub: Any) -> None:
         "--suggest",
         action="store_true",
         help="list the valid layouts that fit, best first, with memory and why (the spec's "
-        "own degrees are ignored; parallelism.auto runs the first)",
+        "own degrees are ignored; parallelism.auto runs the best one every part of which a "
+        "test of this project has run; the others are marked unverified)",
     )
     p.add_argument("--top", type=int, default=5, help="layouts shown with --suggest")
     p.set_defaults(func=cmd_plan)

@@ -9,13 +9,19 @@ which is always the cheapest one for that layout.
 
 The cost model (core/cost.py) ranks them: one step's time on one GPU relative to the ideal, as
 explained terms (compute, recompute, tensor, context, expert, pipeline, data, memory).
+
+`auto` never runs a code path this project has not run: each layout family (the parallelism a
+candidate uses) is verified only when a test of the project trains it (`VERIFIED` names the
+test), and `auto` runs the best candidate whose families are all verified. `--suggest` still
+ranks every candidate and marks the unverified ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from enum import StrEnum
+from typing import Any, Final, Generic, TypeVar
 
 from megatron_contract.choices import CPU, RECOMPUTE
 from megatron_contract.config import ModelConfig, TrainingConfig
@@ -32,6 +38,60 @@ MAX_VIRTUAL = 8  # virtual stages tried per pipeline stage (Megatron recipes use
 MEMORY_FIELD = "spec.resources.gpuMemoryGiB"  # the planner's memory-budget error
 
 
+class Family(StrEnum):
+    """A kind of parallelism a layout uses (the spec's field names)."""
+
+    DATA = "data"  # more than one data-parallel replica
+    TENSOR = "tensor"
+    PIPELINE = "pipeline"
+    VIRTUAL_PIPELINE = "virtualPipeline"  # the interleaved schedule
+    CONTEXT = "context"
+    EXPERT = "expert"
+    EXPERT_TENSOR = "expertTensor"  # MoE with tensor parallelism (experts TP-sharded or not)
+    FSDP = "fsdp"  # Megatron FSDP
+
+
+# The families `auto` may run, each with the test of this project that trains it (in CI, on
+# CPU; a GPU test counts once it has run on a lent GPU and docs/benchmarks.md records it).
+# tests/unit/test_layouts.py checks that each named test exists.
+VERIFIED: Final[Mapping[Family, str]] = {
+    Family.DATA: "tests/trainer/test_layouts.py::test_layout_matches_tp1[dp2]",
+    Family.TENSOR: "tests/trainer/test_layouts.py::test_layout_matches_tp1[tp2]",
+    Family.PIPELINE: "tests/trainer/test_layouts.py::test_layout_matches_tp1[pp2]",
+    Family.VIRTUAL_PIPELINE: "tests/trainer/test_layouts.py::test_layout_matches_tp1[pp2-vpp2]",
+    Family.EXPERT: "tests/trainer/test_cpu_platform.py::test_patches_are_sufficient_and_each_one_is_used",
+}
+# Why each other family is not verified (what `--suggest` says).
+UNVERIFIED: Final[Mapping[Family, str]] = {
+    Family.CONTEXT: "context parallelism needs Transformer Engine attention: no CPU test can "
+    "train it and no GPU test has run it",
+    Family.EXPERT_TENSOR: "MoE with tensor parallelism needs sequence parallelism, i.e. "
+    "Transformer Engine: no CPU test can train it and no GPU test has run it",
+    Family.FSDP: "Megatron FSDP is CUDA-only and has not run with data parallelism 2 or more on "
+    "a GPU",
+}
+
+
+def families(p: ParallelismSpec, moe: bool) -> frozenset[Family]:
+    """The families a layout uses (`moe`: the model has experts)."""
+    found = {
+        Family.TENSOR: p.tensor > 1,
+        Family.PIPELINE: p.pipeline > 1,
+        Family.VIRTUAL_PIPELINE: (p.virtual_pipeline or 1) > 1,
+        Family.CONTEXT: p.context > 1,
+        Family.EXPERT: p.expert > 1,
+        Family.EXPERT_TENSOR: moe and (p.tensor > 1 or (p.expert_tensor or 1) > 1),
+        Family.FSDP: p.fsdp,
+    }
+    return frozenset(f for f, used in found.items() if used)
+
+
+def unverified(p: ParallelismSpec, moe: bool, data: int) -> tuple[Family, ...]:
+    """The families of a layout (with `data` replicas) that no test of this project runs."""
+    used = families(p, moe) | ({Family.DATA} if data > 1 else set())
+    return tuple(sorted(f for f in used if f not in VERIFIED))
+
+
 @dataclass(frozen=True)
 class Suggestion(Generic[P]):
     parallelism: ParallelismSpec
@@ -39,6 +99,11 @@ class Suggestion(Generic[P]):
     plan: P
     cost: Cost
     tight: bool  # memory above TIGHT_MEMORY of the budget
+    unverified: tuple[Family, ...]  # families no test of this project runs: auto skips it
+
+    @property
+    def verified(self) -> bool:
+        return not self.unverified
 
     def to_dict(self, layout: str, memory: MemoryEstimate) -> dict[str, Any]:
         p = self.parallelism
@@ -57,6 +122,8 @@ class Suggestion(Generic[P]):
             "relativeStepTime": round(self.cost.relative_step_time, 4),
             "perGpuGiB": round(memory.per_gpu_gib, 2),
             "tight": self.tight,
+            "verified": self.verified,
+            "unverified": {f.value: UNVERIFIED[f] for f in self.unverified},
             "why": self.cost.why(),
             "terms": {t.name: round(t.share, 4) for t in self.cost.terms},
         }
@@ -135,7 +202,8 @@ def suggest(
             budget = spec.resources.gpu_memory_gib
             tight = spec.resources.accelerator != CPU and mem.per_gpu_gib > TIGHT_MEMORY * budget
             cost = step_cost(m, d, t, spec.resources.procs_per_node, tight, hardware)
-            found.append(Suggestion(option, recompute, planned, cost, tight))
+            untested = unverified(option, model.moe is not None, d.dp)
+            found.append(Suggestion(option, recompute, planned, cost, tight, untested))
             break  # the lightest recompute that fits is the cheapest for this layout
     found.sort(key=lambda s: (round(s.cost.relative_step_time, 6), _model_parallel(s.parallelism)))
     return found

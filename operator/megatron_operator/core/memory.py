@@ -67,10 +67,14 @@ class MemoryEstimate:
     weights_and_optimizer_gib: float
     activations_gib: float
     overhead_gib: float
+    # Megatron FSDP builds the whole (tensor-parallel) model on every rank before it shards it:
+    # the GiB held at that moment, when above the training peak; 0 otherwise.
+    construction_gib: float = 0.0
 
     @property
     def per_gpu_gib(self) -> float:
-        return self.weights_and_optimizer_gib + self.activations_gib + self.overhead_gib
+        training = self.weights_and_optimizer_gib + self.activations_gib
+        return max(training, self.construction_gib) + self.overhead_gib
 
 
 def _gated(m: ModelConfig) -> bool:
@@ -254,7 +258,7 @@ def estimate(
 
     per_layer = layer_bytes(m, d, width)
     tokens = micro_batch_size * m.seq_length / d.cp  # of one microbatch, on this rank
-    best: tuple[float, float, float] | None = None  # (weights, activations, params) bytes
+    best: tuple[float, float, float, float] | None = None  # weights, acts, params, building
     for rank in sorted({0, d.pp - 1}):
         stage_dense, stage_moe = stage_layers(m, d, rank)
         first, last = rank == 0, rank == d.pp - 1
@@ -267,11 +271,21 @@ def estimate(
         params_dense += norms
         params_expert = stage_moe * experts / (d.ep * d.etp)
         weights = params_dense * dense_bytes + params_expert * expert_bytes
+        construction = 0.0
         if d.fsdp:
             # The layer being computed and the next one being gathered, with their unsharded
             # gradients before the reduce-scatter.
             layer = max(dense_layer, moe_dense) / d.tp + experts / (d.ep * d.etp)
             weights += 2 * layer * weight_grad
+            # The embedding and output layer are in no FSDP unit (units are transformer
+            # layers): the root's parameters stay gathered from the forward to the end of the
+            # backward, with their unsharded gradients.
+            weights += (vocab_params / d.tp + norms) * weight_grad
+            # The model is built whole (no meta-device init) and then sharded: for a moment
+            # every parameter of this rank's tensor slice exists unsharded, beside the sharded
+            # weight and gradient buffers Megatron FSDP allocates for it.
+            unsharded = params_dense + params_expert
+            construction = unsharded * (width + weight_grad / (d.dp * d.cp))
 
         layers = stage_dense + stage_moe
         chunks = _in_flight_chunks(d, rank, num_microbatches)
@@ -299,8 +313,8 @@ def estimate(
             logit_bytes = 6.0 if precision != "fp32" else 4.0
             per_token += 2 * width * m.hidden_size / sp + logit_bytes * padded_vocab / d.tp
         acts = per_token * tokens
-        stage = (weights, acts, params_dense + params_expert)
-        if best is None or weights + acts > best[0] + best[1]:
+        stage = (weights, acts, params_dense + params_expert, construction)
+        if best is None or max(weights + acts, construction) > max(best[0] + best[1], best[3]):
             best = stage
     assert best is not None
     overhead = 0.0
@@ -312,4 +326,5 @@ def estimate(
         weights_and_optimizer_gib=best[0] / GIB,
         activations_gib=best[1] / GIB,
         overhead_gib=overhead,
+        construction_gib=best[3] / GIB if best[3] > best[0] + best[1] else 0.0,
     )

@@ -175,6 +175,11 @@ class Plan:
                 "weightsAndOptimizerGiB": round(mem.weights_and_optimizer_gib, 3),
                 "activationsGiB": round(mem.activations_gib, 3),
                 "overheadGiB": mem.overhead_gib,
+                **(
+                    {"constructionGiB": round(mem.construction_gib, 3)}
+                    if mem.construction_gib
+                    else {}
+                ),
                 "parametersTotal": mem.parameters_total,
                 "parametersPerGpu": mem.parameters_per_gpu,
             }
@@ -272,6 +277,23 @@ def _spec_rules(spec: MegatronJobSpec, dp: int | None) -> Iterator[FieldError]:
             "directory in the URL instead",
         )
     p = s.parallelism
+    if (
+        p.fsdp
+        and c.init is not None
+        and c.init.megatron is not None
+        and c.init.megatron.load == "full"
+    ):
+        yield _e(
+            "checkpoint.init.megatron.load",
+            "load: full reads a torch_dist checkpoint's optimizer state, which Megatron FSDP "
+            "(fsdp_dtensor) cannot take: use load: weights, or fsdp: false",
+        )
+    if p.fsdp and c.url is not None:
+        yield _e(
+            "checkpoint.url",
+            "Megatron FSDP saves fsdp_dtensor checkpoints with torch DCP's file-system writer, "
+            "as Megatron-LM does: use checkpoint.volume, or fsdp: false",
+        )
     if p.auto and c.sharding_type != "fully_reshardable":
         yield _e(
             "checkpoint.shardingType",
@@ -461,8 +483,9 @@ def validate(spec: MegatronJobSpec) -> list[FieldError]:
 def plan(spec: MegatronJobSpec) -> Plan:
     """Validate the spec and plan its layout. Raises SpecError with every problem found.
 
-    With parallelism.auto, the layout is the first of `suggestions(spec)`: the same spec always
-    gives the same choice, and a resize (another nodes or procsPerNode) plans again."""
+    With parallelism.auto, the layout is the best tested one of `suggestions(spec)`
+    (`auto_choice`): the same spec always gives the same choice, and a resize (another nodes or
+    procsPerNode) plans again."""
     if spec.parallelism.auto:
         return _auto(spec)
     return _plan(spec)
@@ -534,19 +557,30 @@ def _auto(spec: MegatronJobSpec) -> Plan:
     if errors:
         raise SpecError(errors)
     found = suggestions(spec)
-    if not found:
-        raise SpecError(
-            [
-                FieldError(
-                    "spec.parallelism.auto",
-                    f"no parallel layout of this model fits {spec.resources.nodes} × "
-                    f"{spec.resources.procs_per_node} GPUs of {spec.resources.gpu_memory_gib:g} "
-                    "GiB at this batch size: add nodes, lower training.microBatchSize, or "
-                    "raise resources.gpuMemoryGiB if the GPUs have more",
-                )
-            ]
+    chosen = auto_choice(found)
+    if chosen is None:
+        r = spec.resources
+        fits = f"{r.nodes} × {r.procs_per_node} GPUs of {r.gpu_memory_gib:g} GiB"
+        message = (
+            f"no parallel layout of this model fits {fits} at this batch size: add nodes, "
+            "lower training.microBatchSize, or raise resources.gpuMemoryGiB if the GPUs have more"
         )
-    return found[0].plan
+        if found:
+            kinds = sorted({f.value for s in found for f in s.unverified})
+            message = (
+                f"the only layouts that fit {fits} use {', '.join(kinds)}, which no test of "
+                "this project has run, and auto runs only tested ones: set the degrees "
+                "yourself (mjob plan --suggest lists them), add nodes, or lower "
+                "training.microBatchSize"
+            )
+        raise SpecError([FieldError("spec.parallelism.auto", message)])
+    return chosen.plan
+
+
+def auto_choice(found: list[Suggestion[Plan]]) -> Suggestion[Plan] | None:
+    """What parallelism.auto runs: the best suggestion whose layout families a test of this
+    project trains (core/layouts.py, VERIFIED); None when no such layout fits."""
+    return next((s for s in found if s.verified), None)
 
 
 def _plan(spec: MegatronJobSpec) -> Plan:
@@ -613,5 +647,12 @@ def _memory_error(mem: MemoryEstimate, budget: float, spec: MegatronJobSpec) -> 
         "spec.resources.gpuMemoryGiB",
         f"the plan needs about {mem.per_gpu_gib:.1f} GiB per GPU (weights and optimizer "
         f"{mem.weights_and_optimizer_gib:.1f}, activations {mem.activations_gib:.1f}, overhead "
-        f"{mem.overhead_gib:.1f}) but gpuMemoryGiB is {budget:g}: " + ", or ".join(hints),
+        f"{mem.overhead_gib:.1f}"
+        + (
+            f"; {mem.construction_gib:.1f} while Megatron FSDP builds the model before sharding"
+            if mem.construction_gib
+            else ""
+        )
+        + f") but gpuMemoryGiB is {budget:g}: "
+        + ", or ".join(hints),
     )

@@ -222,13 +222,17 @@ class RankProcesses:
             send(pid, sig)
 
     def kill(self) -> None:
+        """SIGKILL every rank and every other descendant (the zygote aside), and return once
+        they are all gone: the next attempt is released only then, because a killed helper
+        (an async checkpoint writer) holds its GPU memory until it has exited."""
         keep = {self.zygote.pid} if self.zygote is not None and self.zygote.pid else set()
         deadline = time.monotonic() + self.KILL_WAIT_SECONDS
         while True:
-            for pid in descendants(os.getpid(), keep):
+            alive = descendants(os.getpid(), keep)
+            for pid in alive:
                 send(pid, signal.SIGKILL)
             self.reap()
-            if not self.procs or time.monotonic() > deadline:
+            if (not self.procs and not alive) or time.monotonic() > deadline:
                 break
             time.sleep(0.01)
         self.procs.clear()
