@@ -99,6 +99,14 @@ def register(sub: Any) -> None:
         "after a job: a job re-created with the same name reuses only a claim whose seal checks "
         "out; without it, a retained claim is recognised by its labels",
     )
+    p.add_argument(
+        "--job-defaults",
+        default=None,
+        metavar="FILE",
+        help="defaults every job inherits (a MegatronJobDefaults spec, YAML or JSON: trainer "
+        "image, env, tolerations, pod identity, ServiceAccount annotations, ...), under each "
+        "namespace's MegatronJobDefaults and the job's own spec",
+    )
     p.add_argument("--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_operator)
 
@@ -148,6 +156,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from megatron_operator.cluster.metrics import Metrics
     from megatron_operator.core.reconcile import Settings
 
+    job_defaults = _job_defaults(args.job_defaults) if args.job_defaults else None
     claim_key = _claim_key(args.claim_key_file) if args.claim_key_file else None
     kube = Kube.connect(workers=args.workers)
     kube.claim_key = claim_key
@@ -161,7 +170,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     settings = Settings(
         node_lost_grace_seconds=args.node_lost_grace_seconds, network_policy=args.network_policy
     )
-    controller = Controller(kube, metrics, settings, queues=queues)
+    controller = Controller(kube, metrics, settings, queues=queues, job_defaults=job_defaults)
     runtime = handlers.Runtime(controller=controller, namespaces=tuple(args.namespace))
     if args.health_port:
         health.serve_health(args.health_port, runtime.health)
@@ -184,6 +193,18 @@ def cmd_operator(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).error("lost the leader Lease: exiting to stand by again")
         return 1
     return 0
+
+
+def _job_defaults(path: str) -> dict[str, Any]:
+    """The --job-defaults file, validated as a MegatronJobDefaults spec."""
+    from megatron_operator.api import SpecError
+    from megatron_operator.cli.common import read_defaults
+
+    try:
+        return read_defaults([path])
+    except SpecError as exc:
+        problems = "; ".join(str(e) for e in exc.errors)
+        raise CliError(f"--job-defaults {path}: {problems}", EXIT_INVALID) from None
 
 
 def _claim_key(path: str) -> bytes:

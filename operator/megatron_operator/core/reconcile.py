@@ -36,6 +36,7 @@ from megatron_operator.api import FieldError, MegatronJob, MegatronJobSpec, Spec
 from megatron_operator.api.status import ConditionType, EventType, Phase, Reason, Rung
 from megatron_operator.api.transitions import check_update
 from megatron_operator.core import churn, ladder
+from megatron_operator.core import defaults as job_defaults
 from megatron_operator.core.conditions import reason_of, set_condition, since
 from megatron_operator.core.failures import (
     Nodes,
@@ -97,6 +98,9 @@ class World:
     progress_not_before: datetime | None = None
     # The job names a Kueue LocalQueue (and the operator runs with Kueue): its Workload.
     queue: QueueWorld | None = None
+    # The platform's defaults in the job's scope (core/defaults.py), least specific first; the
+    # shell looks them up only for a job that has not recorded its own yet (status.defaults).
+    defaults: tuple[job_defaults.Layer, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -134,10 +138,13 @@ def _strip(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _validate(
-    world: World, phase: Phase | None
+    world: World, phase: Phase | None, defaults: Mapping[str, Any] | None = None
 ) -> tuple[MegatronJob | None, Plan | None, list[FieldError]]:
+    doc = _strip(world.job)
+    if defaults and isinstance(doc.get("spec"), Mapping):
+        doc["spec"] = job_defaults.apply(doc["spec"], defaults)
     try:
-        job = load_job(_strip(world.job))
+        job = load_job(doc)
         p = plan(job.spec)
     except SpecError as exc:
         return None, None, exc.errors
@@ -181,6 +188,7 @@ class _Machine:
         # no resync either (only its deadlines, e.g. the TTL). The shell ends the job's loop.
         self.quiet = False
         self.current: list[PodView] = []  # the gang's pods, once `active` sorted them
+        self.platform = job_defaults.Platform()  # what only the defaults say (render.py)
 
     # --- helpers
     def cond(self, type_: ConditionType, status: bool, reason: str, message: str = "") -> bool:
@@ -260,9 +268,27 @@ class _Machine:
         self.event(kind, reason, message)
 
     # --- the steps
+    def resolve_defaults(self) -> list[FieldError]:
+        """Record the platform's defaults once, before the job first starts (status.defaults):
+        a later change of them never reaches a running job's next attempt."""
+        if self.st.defaults is not None or self.st.start_time is not None:
+            return []
+        if self.w.defaults is None:
+            return []  # not looked up
+        record, errors = job_defaults.resolve(self.w.defaults)
+        if not errors:
+            # Recorded even when empty: the shell then looks no more.
+            self.st.defaults = record if record is not None else {"sources": []}
+        return errors
+
     def run(self) -> Outcome:
         judged = self.st.observed_generation  # the spec generation the status speaks of
-        job, p, errors = _validate(self.w, self.st.phase)
+        problems = self.resolve_defaults()
+        merged = job_defaults.recorded_spec(self.st.defaults)
+        self.platform = job_defaults.platform(merged)
+        job, p, errors = _validate(self.w, self.st.phase, merged)
+        if problems:
+            job, p, errors = None, None, problems
         if self.w.rejection is not None:
             errors = [FieldError("spec", f"{REJECTED} {self.w.rejection}")]
             # The apiserver's own words, as for any refusal (a template's field it validates).
@@ -290,6 +316,8 @@ class _Machine:
         if self.st.phase in (Phase.SUCCEEDED, Phase.FAILED):
             self.terminal(job, self.st.phase)
             return self.done()
+        if self.past_deadline(job):
+            return self.done()
         if job.spec.suspend:
             self.suspend()
             if self.queue is not None:
@@ -304,6 +332,26 @@ class _Machine:
             self.copy_progress(job, final=True)  # the last steps, even inside the copy limit
             self.ttl(job)  # it just finished: schedule the TTL now, not at the next resync
         return self.done()
+
+    def past_deadline(self, job: MegatronJob) -> bool:
+        """spec.activeDeadlineSeconds since status.startTime: past it the job fails, and its
+        pods are deleted with their grace period (the trainer checkpoints on SIGTERM)."""
+        limit = job.spec.active_deadline_seconds
+        started = parse_time(self.st.start_time)
+        if limit is None or started is None:
+            return False
+        end = shift(started, limit, "status.startTime")
+        if self.now < end:
+            self.deadlines.append(end)
+            return False
+        self.finish(
+            Phase.FAILED,
+            Reason.DEADLINE_EXCEEDED,
+            f"spec.activeDeadlineSeconds ({limit} s) passed: the job started at "
+            f"{self.st.start_time}; its pods are stopped",
+        )
+        self.terminal(job, Phase.FAILED)
+        return True
 
     def rejected(self) -> bool:
         """Failed because the apiserver refused the pods the spec renders (a 422)."""
@@ -552,16 +600,17 @@ class _Machine:
             if self.st.gang < n:
                 # Released in place: refresh the ConfigMap, so a spec changed since (trainIters,
                 # saveInterval) reaches the ranks once the kubelet syncs the mounted file.
-                self.out.create = children(job, p, isolate=isolate)
+                self.out.create = children(job, p, isolate=isolate, platform=self.platform)
             return
         if any(x.active for x in stale):
             # An older attempt's live pod holds the same hostname (MASTER_ADDR) until it stops.
             return
         # Only the pods to create are rendered: a huge job never sits in memory whole.
-        created = [pod(job, p, r, n) for r in missing]
+        created = [pod(job, p, r, n, self.platform) for r in missing]
         if self.queue is not None:
             created = self.queue.admitted_pods(created)
-        self.out.create = [*children(job, p, isolate=isolate), *created] if created else []
+        made = children(job, p, isolate=isolate, platform=self.platform)
+        self.out.create = [*made, *created] if created else []
 
     def blocked(self, conflict: str) -> None:
         """A child's name is taken by someone else's object: create nothing, and say so once."""
