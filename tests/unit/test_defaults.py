@@ -265,3 +265,85 @@ def test_the_built_in_image_is_the_charts_default() -> None:
     values = yaml.safe_load((ROOT / "charts" / "megatron-operator" / "values.yaml").read_text())
     image = values["trainerImage"]
     assert f"{image['repository']}:{image['tag'] or chart['appVersion']}" == DEFAULT_TRAINER_IMAGE
+
+
+def test_a_queue_labelled_job_waits_without_kueue_and_runs_once_unlabelled() -> None:
+    from megatron_operator.core.reconcile import Settings
+
+    sim = Sim.of_spec(spec_of())
+    sim.settings = Settings(without_kueue=True)
+    sim.job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    out = sim.step()
+    st = sim.status
+    admitted = next(c for c in st["conditions"] if c["type"] == "Admitted")
+    assert st["phase"] == "Queued" and not sim.pods and out.create == []
+    assert admitted["status"] == "False" and admitted["reason"] == "KueueDisabled"
+    assert (
+        "LocalQueue team-a" in admitted["message"]
+        and "outside the queue's quota" in (admitted["message"])
+    )
+    assert out.requeue_after == float("inf")  # nothing to do until the job changes
+    sim.step()
+    assert [r for r, _ in sim.events].count("KueueDisabled") == 1  # said once
+    del sim.job["metadata"]["labels"]
+    sim.start_running()
+    assert "Admitted" not in {c["type"] for c in sim.status["conditions"]}
+
+
+def test_the_operator_can_require_a_queue_label() -> None:
+    from megatron_operator.core.reconcile import Settings
+
+    sim = Sim.of_spec(spec_of())
+    sim.settings = Settings(require_queue=True)
+    sim.step()
+    admitted = next(c for c in sim.status["conditions"] if c["type"] == "Admitted")
+    assert sim.status["phase"] == "Queued" and not sim.pods
+    assert admitted["reason"] == "QueueLabelRequired"
+    assert "kueue.x-k8s.io/queue-name" in admitted["message"]
+
+
+def test_a_pod_level_root_uid_is_refused_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "root.yaml"
+    path.write_text((ROOT / "examples" / "cpu-tiny.yaml").read_text())
+    argv = ["validate", str(path), "--set", "template.spec.securityContext={runAsUser: 0}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "spec.template.spec.securityContext.runAsUser: 0 is root" in err
+    argv[-1] = "template.spec.securityContext={runAsUser: 4242, fsGroup: 4242}"
+    assert main(argv) == 0
+
+
+def test_preprocess_job_writes_to_the_data_claim_as_the_trainer_pods_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import kubernetes_validate
+
+    defaults = tmp_path / "d.json"
+    defaults.write_text(json.dumps(PLATFORM))
+    args = ["--input", "/mnt/data/raw/a.jsonl", "/mnt/data/raw/b.jsonl"]
+    args += ["--tokenizer", "/mnt/data/tokenizers/llama3", "--output-prefix=/mnt/data/fw/fw"]
+    assert (
+        main(["preprocess-job", "--claim", "corpus", "--defaults", str(defaults), "--", *args]) == 0
+    )
+    job = yaml.safe_load(capsys.readouterr().out)
+    kubernetes_validate.validate(job, "1.34.0", strict=True)
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["python", "-m", "megatron_trainer.preprocess", *args]
+    assert c["image"] == PLATFORM["image"] and pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert c["volumeMounts"] == [{"name": "data", "mountPath": "/mnt/data"}]
+    assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "corpus"}
+    assert "runAsUser" not in pod["securityContext"]  # the platform's empty identity
+    bad = [
+        "--input",
+        "/data/a.jsonl",
+        "--tokenizer",
+        "/mnt/data/t",
+        "--output-prefix",
+        "/mnt/data/x.bin",
+    ]
+    assert main(["preprocess-job", "--claim", "corpus", "--", *bad]) == 2
+    err = capsys.readouterr().err
+    assert "--input: /data/a.jsonl is not on the data claim" in err and "PREFIX.bin" in err

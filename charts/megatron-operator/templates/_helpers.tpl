@@ -32,6 +32,9 @@ watchNamespaces empty). */}}
 {{- if and (not .Values.clusterWide) (not .Values.watchNamespaces) -}}
 {{- fail "clusterWide=false needs the namespaces to watch: --set 'watchNamespaces={team-a,team-b}' (jobs belong in the teams' namespaces)" -}}
 {{- end -}}
+{{- if and .Values.kueue.requireQueueLabel (not .Values.kueue.enabled) -}}
+{{- fail "kueue.requireQueueLabel needs kueue.enabled=true: without the integration every job would wait" -}}
+{{- end -}}
 {{- if eq (int .Values.metrics.port) (int .Values.metrics.healthPort) -}}
 {{- fail "metrics.port and metrics.healthPort must differ" -}}
 {{- end -}}

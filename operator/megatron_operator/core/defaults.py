@@ -35,7 +35,7 @@ from megatron_operator.api.loader import field_errors
 Path = tuple[str, ...]
 # The trainer image of a job that names none when no defaults do: the name the release builds
 # and the chart's trainerImage defaults to (docs/install.md, "Images").
-DEFAULT_TRAINER_IMAGE = "ghcr.io/megatron-operator/trainer:0.1.0"
+DEFAULT_TRAINER_IMAGE = "ghcr.io/megatron-operator/trainer:0.3.0"
 # Lists merged by a key of their entries ("[]" stands for any entry of the list above it).
 _KEYED: dict[Path, str] = {
     ("env",): "name",

@@ -47,6 +47,7 @@ from megatron_operator.core.failures import (
     startup_timeout,
 )
 from megatron_operator.core.jobstatus import BadJobData, JobStatus, shift
+from megatron_operator.core.kueue import LABEL_QUEUE_NAME, queue_name
 from megatron_operator.core.names import MASTER_NODE_RANK, pod_name
 from megatron_operator.core.observe import LeaseView, PodView, Progress, format_time, parse_time
 from megatron_operator.core.planner import Plan, plan
@@ -72,6 +73,10 @@ class Settings:
     node_lost_grace_seconds: float = 30.0  # NotReady this long = the node is lost
     resync_seconds: float = 60.0  # reconcile at least this often
     network_policy: bool = False  # render the per-job NetworkPolicy (--network-policy)
+    # The operator runs without Kueue: a job naming a LocalQueue waits, never runs outside
+    # its quota (the shell's --kueue off, or auto without Kueue).
+    without_kueue: bool = False
+    require_queue: bool = False  # a job must name a LocalQueue (--require-queue-label)
 
 
 @dataclass(frozen=True)
@@ -325,6 +330,8 @@ class _Machine:
             return self.done()
         if self.st.phase == Phase.SUSPENDED:
             self.resume(job)
+        if self.queue is None and self.held(job):
+            return self.done()
         if self.queue is not None and not self.queue.gate(job, p, self.w.pods):
             return self.done()  # Queued: no pod runs until Kueue admits the Workload
         self.active(job, p)
@@ -332,6 +339,46 @@ class _Machine:
             self.copy_progress(job, final=True)  # the last steps, even inside the copy limit
             self.ttl(job)  # it just finished: schedule the TTL now, not at the next resync
         return self.done()
+
+    def held(self, job: MegatronJob) -> bool:
+        """A job that may not start here: it names a LocalQueue while the operator runs without
+        Kueue (running it would bypass the queue's quota), or it names none where the operator
+        requires one. It waits in phase Queued, its Admitted condition saying why, until its
+        label changes. A job that has started already is never stopped for it."""
+        queue = queue_name(job)
+        why: tuple[str, str] | None = None
+        if queue is not None and self.s.without_kueue:
+            why = (
+                Reason.QUEUE_UNAVAILABLE,
+                f"the job names the LocalQueue {queue} (label {LABEL_QUEUE_NAME}), but this "
+                "operator runs without Kueue (the chart's kueue.enabled=false): it waits rather "
+                "than run outside the queue's quota; turn the integration on, or remove the "
+                "label to run it unqueued",
+            )
+        elif queue is None and self.s.require_queue:
+            why = (
+                Reason.NO_QUEUE,
+                f"this cluster runs jobs through Kueue only: add the label {LABEL_QUEUE_NAME} "
+                "naming your team's LocalQueue (kubectl get localqueues)",
+            )
+        if self.st.start_time is not None and self.st.phase != Phase.QUEUED:
+            why = None  # started already: not stopped for it
+        held = self.st.phase == Phase.QUEUED and reason_of(self.st.conditions, C.ADMITTED) in (
+            Reason.QUEUE_UNAVAILABLE,
+            Reason.NO_QUEUE,
+        )
+        if why is None:
+            if held:  # released: it starts as a new job would
+                self.st.phase = None
+                self.st.conditions = [c for c in self.st.conditions if c.get("type") != C.ADMITTED]
+            return False
+        reason, message = why
+        self.st.phase = Phase.QUEUED
+        if self.cond(C.ADMITTED, False, reason, message):
+            self.event(EventType.WARNING, reason, message)
+        self.delete(self.pods)
+        self.quiet = not self.pods
+        return True
 
     def past_deadline(self, job: MegatronJob) -> bool:
         """spec.activeDeadlineSeconds since status.startTime: past it the job fails, and its
