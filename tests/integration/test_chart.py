@@ -511,3 +511,75 @@ def test_install_upgrade_uninstall_with_a_running_job(
         check=False,
     )
     cluster.kubectl("delete", "mj", "-n", jobs_namespace, "keep-me", "--wait=false", check=False)
+
+
+def test_platform_values_install_and_reach_the_jobs(
+    cluster: Cluster, namespace: str, jobs_namespace: str, tmp_path: Path
+) -> None:
+    """The chart as OpenShift and EKS need it, installed on the apiserver: no fixed uid (the
+    operator pod is admitted without one), no PriorityClass, the claim key from a Secret the
+    platform keeps, IRSA on the trainer ServiceAccount. The operator, run with the chart's
+    token and its --job-defaults file, gives a job in another namespace (the default watches
+    them all) that ServiceAccount annotation and no fixed uid; NOTES say what it watches."""
+    install_crd(cluster)
+    role = "arn:aws:iam::111122223333:role/training"
+    cluster.kubectl(
+        "create", "secret", "generic", "kept-claim-key", "-n", namespace,
+        "--from-literal=key=" + "k" * 48,
+    )  # fmt: skip
+    values = [
+        "crds.install=false",  # the session's CRDs are kubectl-applied (install_crd)
+        "podSecurityContext.runAsUser=null",
+        "trainerPods.runAsUser=null",
+        "trainerPods.runAsGroup=null",
+        "trainerPods.fsGroup=null",
+        "claimKey.existingSecret=kept-claim-key",
+        f"trainerPods.serviceAccountAnnotations.eks\\.amazonaws\\.com/role-arn={role}",
+    ]
+    args = [a for v in values for a in ("--set", v)]
+    out = cluster.helm("install", "plat", CHART, "-n", namespace, "--wait=false", *args).stdout
+    op: Op | None = None
+    try:
+        assert "watching every namespace" in out and "kubectl create namespace team-a" in out, out
+        assert "claimKey.existingSecret" not in out  # already set: no GitOps warning
+        pod = cluster.wait(
+            lambda: cluster.kubectl_json(
+                "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/instance=plat"
+            )["items"],
+            timeout=60,
+            what="the operator Deployment's pod",
+        )[0]
+        assert "runAsUser" not in pod["spec"]["securityContext"]
+        assert "priorityClassName" not in pod["spec"]
+        claim = next(v for v in pod["spec"]["volumes"] if v["name"] == "claim-key")
+        assert claim["secret"]["secretName"] == "kept-claim-key"
+        cm = cluster.kubectl_json(
+            "get", "configmap", "plat-megatron-operator-job-defaults", "-n", namespace
+        )
+        defaults = tmp_path / "defaults.json"
+        defaults.write_text(cm["data"]["defaults.json"])
+        op = Op(
+            sa_cluster(cluster, namespace, "plat-megatron-operator", tmp_path),
+            tmp_path,
+            "--kueue=off",
+            f"--job-defaults={defaults}",
+        )
+        op.start()
+        doc = tiny_gpu_job("platform", nodes=1)
+        del doc["spec"]["image"]
+        cluster.apply(doc, jobs_namespace)
+        (made,) = wait_pods(cluster, jobs_namespace, "platform", 1)
+        assert "runAsUser" not in made["spec"]["securityContext"]
+        assert "fsGroup" not in made["spec"]["securityContext"]
+        account = cluster.kubectl_json(
+            "get", "serviceaccount", "platform-trainer", "-n", jobs_namespace
+        )
+        assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": role}
+        st = status(cluster, jobs_namespace, "platform")
+        assert st["defaults"]["sources"] == ["operator"]
+        denied = [line for line in op.logs().splitlines() if "forbidden" in line.lower()]
+        assert not denied, denied[:3]
+    finally:
+        if op is not None:
+            op.stop()
+        cluster.helm("uninstall", "plat", "-n", namespace)

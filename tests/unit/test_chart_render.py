@@ -3,6 +3,7 @@ with the defaults, in namespaced mode, and with every optional object on."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -10,7 +11,27 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from megatron_operator.api import MegatronJob, load_job
+from megatron_operator.core.defaults import DEFAULT_TRAINER_IMAGE, Layer, apply, platform, resolve
+from megatron_operator.core.planner import plan
+from megatron_operator.core.render import render as render_job
+
 from .chartkit import CHART, EVERYTHING, ROOT, of_kind, one, render, rules_for, run_helm
+from .specs import DELETE, job_of
+
+
+def read_defaults_from(defaults: dict[str, Any]) -> dict[str, Any]:
+    """The chart's --job-defaults file as the operator reads it (validated, merged)."""
+    record, errors = resolve([Layer("operator", defaults)])
+    assert errors == [] and record is not None
+    merged: dict[str, Any] = record["spec"]
+    return merged
+
+
+def load_job_with(job: MegatronJob, defaults: dict[str, Any]) -> MegatronJob:
+    doc = {**job.model_dump(by_alias=True, exclude_none=True, mode="json")}
+    doc["spec"] = apply(job.spec.to_api(), defaults)
+    return load_job(doc)
 
 
 def operator_role(objs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -321,3 +342,133 @@ def test_the_multi_tenant_profile_turns_the_admission_policy_on() -> None:
     assert "imagePullPolicy == 'Always'" in text
     assert "['registry.example.com/ml/*'].exists(a" in text
     assert "[{'effect':'NoSchedule','key':'nvidia.com/gpu','operator':'Exists'}].exists(a" in text
+
+
+def _job_defaults(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    (cm,) = [c for c in of_kind(objs, "ConfigMap") if c["metadata"]["name"].endswith("-defaults")]
+    parsed: dict[str, Any] = json.loads(cm["data"]["defaults.json"])
+    return parsed
+
+
+def test_openshift_values_fix_no_uid_anywhere() -> None:
+    """restricted-v2 assigns the uid, gid and fsGroup: neither the operator pod nor a trainer
+    pod (through the operator's --job-defaults) may fix them."""
+    objs = render(
+        "podSecurityContext.runAsUser=null",
+        "trainerPods.runAsUser=null",
+        "trainerPods.runAsGroup=null",
+        "trainerPods.fsGroup=null",
+    )
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    defaults = _job_defaults(objs)
+    assert defaults["podSecurityContext"] == {}
+    job = job_of({"image": DELETE})
+    trainer = next(
+        o
+        for o in render_job(job, plan(job.spec), platform=platform(defaults))
+        if o["kind"] == "Pod"
+    )
+    assert trainer["spec"]["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    # The defaults: the images' user, the chart's trainer image.
+    plain = _job_defaults(render())
+    assert plain == {
+        "image": DEFAULT_TRAINER_IMAGE,
+        "podSecurityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000},
+    }
+
+
+def test_the_trainer_service_account_gets_the_clouds_annotations() -> None:
+    role = "arn:aws:iam::111122223333:role/training"
+    objs = render(
+        f"trainerPods.serviceAccountAnnotations.eks\\.amazonaws\\.com/role-arn={role}",
+        "trainerImage.repository=registry.example/ml/trainer",
+        "jobDefaults.env[0].name=NCCL_DEBUG",
+        "jobDefaults.env[0].value=WARN",
+    )
+    defaults = _job_defaults(objs)
+    assert read_defaults_from(defaults) == defaults  # the operator accepts it as it is
+    job = job_of({"image": DELETE})
+    made = render_job(load_job_with(job, defaults), plan(job.spec), platform=platform(defaults))
+    account = next(o for o in made if o["kind"] == "ServiceAccount")
+    assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": role}
+    pod = next(o for o in made if o["kind"] == "Pod")
+    tag = DEFAULT_TRAINER_IMAGE.rsplit(":", 1)[1]
+    assert pod["spec"]["containers"][0]["image"] == f"registry.example/ml/trainer:{tag}"
+    assert {"name": "NCCL_DEBUG", "value": "WARN"} in pod["spec"]["containers"][0]["env"]
+    # A change of the defaults rolls the operator, which reads them at start.
+    sums = {
+        one(o, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/job-defaults"]
+        for o in (objs, render())
+    }
+    assert len(sums) == 2
+
+
+def test_monitors_use_authorization_with_the_charts_own_token() -> None:
+    objs = render("metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true")
+    for kind, key in (("ServiceMonitor", "endpoints"), ("PodMonitor", "podMetricsEndpoints")):
+        (endpoint,) = one(objs, kind)["spec"][key]
+        assert "bearerTokenFile" not in endpoint
+        assert endpoint["authorization"] == {
+            "type": "Bearer",
+            "credentials": {"name": "mo-megatron-operator-metrics-token", "key": "token"},
+        }
+    token = next(s for s in of_kind(objs, "Secret") if s["metadata"]["name"].endswith("-token"))
+    assert token["type"] == "kubernetes.io/service-account-token"
+    account = token["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    binding = next(
+        b for b in of_kind(objs, "ClusterRoleBinding") if b["metadata"]["name"].endswith("-metrics")
+    )
+    assert binding["roleRef"]["name"] == "mo-megatron-operator-metrics-reader"
+    assert binding["subjects"][0]["name"] == account
+    # Their own Secret: none of the chart's.
+    own = render("metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.tokenSecret=prom")
+    (endpoint,) = one(own, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["authorization"]["credentials"]["name"] == "prom"
+    assert not [s for s in of_kind(own, "Secret") if s["metadata"]["name"].endswith("-token")]
+
+
+def test_helm_template_is_stable_with_existing_secrets() -> None:
+    """Argo CD renders with `helm template`, where lookup finds nothing: the generated key and
+    certificate change on every render, the named Secrets do not."""
+    stable = ["claimKey.existingSecret=megatron-claim-key", "metrics.certSecret=megatron-tls"]
+    first, second = render(*stable), render(*stable)
+    assert first == second
+    assert not [s for s in of_kind(first, "Secret") if s["metadata"]["name"].endswith("-claim-key")]
+    volumes = one(first, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    secrets = {v["name"]: v["secret"]["secretName"] for v in volumes if "secret" in v}
+    assert secrets == {"claim-key": "megatron-claim-key", "metrics-tls": "megatron-tls"}
+    generated = [render(), render()]
+    keys = [
+        next(s for s in of_kind(objs, "Secret") if s["metadata"]["name"].endswith("-claim-key"))
+        for objs in generated
+    ]
+    assert keys[0]["data"] != keys[1]["data"]  # why the value exists
+
+
+def test_global_aggregated_roles_and_the_queue_requirement() -> None:
+    objs = render("global.imageRegistry=registry.example", "kueue.enabled=true",
+                  "kueue.requireQueueLabel=true")  # fmt: skip
+    assert "--require-queue-label" in _args(objs)
+    roles = {r["metadata"]["name"]: r for r in of_kind(objs, "ClusterRole")}
+    edit = roles["mo-megatron-operator-edit"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert rules_for(edit["rules"], "megatronjobs") >= {"create", "delete", "patch"}
+    assert rules_for(edit["rules"], "megatronjobdefaults") == {"get", "list", "watch"}
+    assert rules_for(edit["rules"], "megatronjobs/status") == set()
+    view = roles["mo-megatron-operator-view"]
+    assert rules_for(view["rules"], "megatronjobs") == {"get", "list", "watch"}
+    admin = roles["mo-megatron-operator-admin"]
+    assert "create" in rules_for(admin["rules"], "megatronjobdefaults")
+    assert not [r for r in of_kind(render("aggregateRoles=false"), "ClusterRole") if
+                r["metadata"]["name"].endswith(("-edit", "-view", "-admin"))]  # fmt: skip
+    proc = run_helm(
+        "template", "mo", str(CHART), "--set", "kueue.requireQueueLabel=true", check=False
+    )
+    assert proc.returncode != 0 and "needs kueue.enabled=true" in proc.stderr

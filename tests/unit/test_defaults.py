@@ -347,3 +347,15 @@ def test_preprocess_job_writes_to_the_data_claim_as_the_trainer_pods_run(
     assert main(["preprocess-job", "--claim", "corpus", "--", *bad]) == 2
     err = capsys.readouterr().err
     assert "--input: /data/a.jsonl is not on the data claim" in err and "PREFIX.bin" in err
+
+
+def test_mjob_status_names_the_defaults() -> None:
+    from megatron_operator.cli.status import describe
+
+    sim = Sim.of_spec(spec_of({"image": DELETE}))
+    sim.defaults = (Layer("operator", {"image": "op:1"}), Layer("default/p", PLATFORM))
+    sim.start_running()
+    text = describe(sim.job, list(sim.pods.values()), [])
+    assert (
+        "defaults from operator, default/p: env, image, imagePullPolicy, podSecurityContext" in text
+    )
