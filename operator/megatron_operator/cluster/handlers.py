@@ -63,9 +63,7 @@ class Runtime:
     loops: JobLoops | None = None  # made at start-up, on kopf's asyncio loop
     # Per job, what wakes its loop when it changes: the spec's generation and the queue label (a
     # job held for its label, core/reconcile.py, starts when the label changes).
-    generations: dict[tuple[str, str], tuple[int | None, str | None]] = field(
-        default_factory=dict
-    )
+    generations: dict[tuple[str, str], tuple[int | None, str | None]] = field(default_factory=dict)
     health: Health = field(default_factory=Health)
     elector: LeaderElector | None = None  # None: no leader election (one replica)
     heartbeat: asyncio.Task[None] | None = None
