@@ -359,3 +359,17 @@ def test_mjob_status_names_the_defaults() -> None:
     assert (
         "defaults from operator, default/p: env, image, imagePullPolicy, podSecurityContext" in text
     )
+
+
+def test_ipc_lock_can_be_left_to_a_runtime_that_raises_memlock() -> None:
+    def caps(network: dict[str, Any], limits: dict[str, str]) -> dict[str, Any]:
+        job = job_of({"resources.network": network, "resources.limits": limits})
+        pod = next(o for o in render(job, plan(job.spec)) if o["kind"] == "Pod")
+        got: dict[str, Any] = pod["spec"]["containers"][0]["securityContext"]["capabilities"]
+        return got
+
+    locked = {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert caps({"fabric": "infiniband"}, {}) == locked
+    assert caps({}, {"rdma/ib": "1"}) == locked
+    assert caps({"fabric": "infiniband", "ipcLock": False}, {}) == {"drop": ["ALL"]}
+    assert caps({"ipcLock": False}, {"rdma/ib": "1"}) == {"drop": ["ALL"]}

@@ -418,6 +418,13 @@ class NetworkSpec(ApiModel):
         description="Devices of that resource per pod: 1 for a shared RDMA device, the adapter "
         "count for EFA (4 on p4d.24xlarge, 32 on p5.48xlarge).",
     )
+    ipc_lock: bool = Field(
+        True,
+        description="Add the IPC_LOCK capability (RDMA registration pins memory), which only "
+        "Pod Security's privileged level allows. false where the nodes' container runtime "
+        "raises RLIMIT_MEMLOCK for every container (e.g. containerd's LimitMEMLOCK=infinity): "
+        "the pods then pass the restricted level.",
+    )
 
 
 class ResourcesSpec(ApiModel):

@@ -337,6 +337,8 @@ def _needs_ipc_lock(job: MegatronJob) -> bool:
     # Only a positive request counts: `rdma/ib: 0` asks for no device, and IPC_LOCK would fail
     # the pod's baseline Pod Security level for nothing.
     r = job.spec.resources
+    if not r.network.ipc_lock:
+        return False  # the runtime raises RLIMIT_MEMLOCK instead (resources.network.ipcLock)
     entries = [*r.requests.items(), *r.limits.items()]
     rdma = any(k.startswith("rdma/") and _positive(v) for k, v in entries)
     return rdma or network.needs_ipc_lock(job.spec)
