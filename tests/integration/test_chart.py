@@ -29,6 +29,7 @@ from .operator_support import Op, install_crd, pods, status, tiny_gpu_job, wait_
 
 CHART = str(REPO / "charts" / "megatron-operator")
 CRD = "megatronjobs.megatron.dev"
+DEFAULTS_CRD = "megatronjobdefaults.megatron.dev"
 # Not installable here: the Prometheus Operator's CRDs are not part of this cluster.
 MONITORING = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 EVERYTHING = [
@@ -63,18 +64,19 @@ def template(cluster: Cluster, namespace: str, *sets: str) -> list[dict[str, Any
 
 
 def adopt_crd(cluster: Cluster, release: str, namespace: str) -> None:
-    """Let the release take over a CRD other tests applied with kubectl (docs/install.md)."""
-    if cluster.kubectl("get", "crd", CRD, check=False).returncode != 0:
-        return
-    cluster.kubectl("label", "crd", CRD, "--overwrite", "app.kubernetes.io/managed-by=Helm")
-    cluster.kubectl(
-        "annotate",
-        "crd",
-        CRD,
-        "--overwrite",
-        f"meta.helm.sh/release-name={release}",
-        f"meta.helm.sh/release-namespace={namespace}",
-    )
+    """Let the release take over the CRDs other tests applied with kubectl (docs/install.md)."""
+    for crd in (CRD, DEFAULTS_CRD):
+        if cluster.kubectl("get", "crd", crd, check=False).returncode != 0:
+            continue
+        cluster.kubectl("label", "crd", crd, "--overwrite", "app.kubernetes.io/managed-by=Helm")
+        cluster.kubectl(
+            "annotate",
+            "crd",
+            crd,
+            "--overwrite",
+            f"meta.helm.sh/release-name={release}",
+            f"meta.helm.sh/release-namespace={namespace}",
+        )
 
 
 def ours(cluster: Cluster, release: str, namespaces: list[str]) -> list[str]:
