@@ -140,10 +140,10 @@ def test_the_renderer_sets_exactly_the_reserved_env() -> None:
     with_volumes = next(o for o in render(volumes, plan(volumes.spec)) if o["kind"] == "Pod")
     names = {e["name"] for e in with_volumes["spec"]["containers"][0]["env"]}
     assert RESERVED_ENV - names == {*local_only, "MEGATRON_SCRATCH"}
-    job = load_file(ROOT / "examples" / "llama3-8b-auto.yaml")
+    job = load_file(ROOT / "examples" / "llama3-8b-auto.yaml")  # msc:// and a data claim
     pod = next(o for o in render(job, plan(job.spec)) if o["kind"] == "Pod")
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    assert RESERVED_ENV - set(env) == {*local_only, *dirs}
+    assert RESERVED_ENV - set(env) == {*local_only, "MEGATRON_INIT_DIR"}
     # MSC's own variable, last: the mounted Secret wins over any spec.env entry of that name.
     assert list(env)[-2:] == ["MSC_CONFIG", "MEGATRON_SCRATCH"]
     assert env["MSC_CONFIG"] == "/etc/megatron-msc/msc_config.yaml"

@@ -24,6 +24,7 @@ from megatron_contract.ports import free_port
 from .conftest import REPO, Cluster
 
 CRD = REPO / "crds" / "megatronjobs.megatron.dev.yaml"
+DEFAULTS_CRD = REPO / "crds" / "megatronjobdefaults.megatron.dev.yaml"
 
 
 class Op:
@@ -128,8 +129,11 @@ class Op:
 
 
 def install_crd(cluster: Cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    """Both CRDs: MegatronJob and MegatronJobDefaults (which the operator reads for new jobs)."""
+    for path in (CRD, DEFAULTS_CRD):
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
     cluster.wait_crd_established("megatronjobs.megatron.dev")
+    cluster.wait_crd_established("megatronjobdefaults.megatron.dev")
 
 
 @pytest.fixture(scope="module")

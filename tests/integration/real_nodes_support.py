@@ -263,7 +263,10 @@ def install_operator(c: RealCluster) -> Iterator[RealCluster]:
     pinned to real-node-0 (a test that loses a node never takes the operator with it); the
     operator's log tail is printed at the end."""
     repo, tag = c.image("operator").rsplit(":", 1)
+    trainer_repo, trainer_tag = c.image("trainer").rsplit(":", 1)
     c.kubectl("create", "namespace", OPERATOR_NS)
+    # The chart's default install (every namespace watched), with this machine's images: what
+    # the README tour installs (tests/integration/test_e2e.py checks the two agree).
     c.helm(
         "install",
         "mo",
@@ -274,15 +277,16 @@ def install_operator(c: RealCluster) -> Iterator[RealCluster]:
         f"image.repository={repo}",
         "--set",
         f"image.tag={tag}",
+        "--set",
+        f"trainerImage.repository={trainer_repo}",
+        "--set",
+        f"trainerImage.tag={trainer_tag}",
         "--set-string",
         f"nodeSelector.kubernetes\\.io/hostname={OPERATOR_NODE}",
         "--set",
         "resources.requests.cpu=100m",
         "--set",
         "nodeLostGraceSeconds=10",
-        # The scenarios make a namespace each; the chart's default watches its own only.
-        "--set",
-        "clusterWide=true",
         "--wait",
         "--timeout",
         "300s",

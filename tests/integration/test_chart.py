@@ -29,6 +29,7 @@ from .operator_support import Op, install_crd, pods, status, tiny_gpu_job, wait_
 
 CHART = str(REPO / "charts" / "megatron-operator")
 CRD = "megatronjobs.megatron.dev"
+DEFAULTS_CRD = "megatronjobdefaults.megatron.dev"
 # Not installable here: the Prometheus Operator's CRDs are not part of this cluster.
 MONITORING = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 EVERYTHING = [
@@ -63,18 +64,19 @@ def template(cluster: Cluster, namespace: str, *sets: str) -> list[dict[str, Any
 
 
 def adopt_crd(cluster: Cluster, release: str, namespace: str) -> None:
-    """Let the release take over a CRD other tests applied with kubectl (docs/install.md)."""
-    if cluster.kubectl("get", "crd", CRD, check=False).returncode != 0:
-        return
-    cluster.kubectl("label", "crd", CRD, "--overwrite", "app.kubernetes.io/managed-by=Helm")
-    cluster.kubectl(
-        "annotate",
-        "crd",
-        CRD,
-        "--overwrite",
-        f"meta.helm.sh/release-name={release}",
-        f"meta.helm.sh/release-namespace={namespace}",
-    )
+    """Let the release take over the CRDs other tests applied with kubectl (docs/install.md)."""
+    for crd in (CRD, DEFAULTS_CRD):
+        if cluster.kubectl("get", "crd", crd, check=False).returncode != 0:
+            continue
+        cluster.kubectl("label", "crd", crd, "--overwrite", "app.kubernetes.io/managed-by=Helm")
+        cluster.kubectl(
+            "annotate",
+            "crd",
+            crd,
+            "--overwrite",
+            f"meta.helm.sh/release-name={release}",
+            f"meta.helm.sh/release-namespace={namespace}",
+        )
 
 
 def ours(cluster: Cluster, release: str, namespaces: list[str]) -> list[str]:
@@ -310,7 +312,7 @@ def test_install_upgrade_uninstall_with_a_running_job(
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
         assert crd["metadata"]["annotations"]["meta.helm.sh/release-name"] == "mo"
         sa = "mo-megatron-operator"
-        # The operator pod passes admission (its PriorityClass, its restricted securityContext):
+        # The operator pod passes admission (its restricted securityContext):
         # the ReplicaSet creates it, and kwok "runs" it.
         cluster.wait(
             lambda: cluster.kubectl_json(
@@ -322,8 +324,8 @@ def test_install_upgrade_uninstall_with_a_running_job(
         pod = cluster.kubectl_json(
             "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/instance=mo"
         )["items"][0]
-        assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
-        assert pod["spec"]["priority"] == 2000000000
+        # No PriorityClass by default (GKE refuses system-cluster-critical outside kube-system).
+        assert "priorityClassName" not in pod["spec"]
         who = f"--as=system:serviceaccount:{namespace}:{sa}"
 
         def can(*args: str) -> str:
@@ -511,3 +513,75 @@ def test_install_upgrade_uninstall_with_a_running_job(
         check=False,
     )
     cluster.kubectl("delete", "mj", "-n", jobs_namespace, "keep-me", "--wait=false", check=False)
+
+
+def test_platform_values_install_and_reach_the_jobs(
+    cluster: Cluster, namespace: str, jobs_namespace: str, tmp_path: Path
+) -> None:
+    """The chart as OpenShift and EKS need it, installed on the apiserver: no fixed uid (the
+    operator pod is admitted without one), no PriorityClass, the claim key from a Secret the
+    platform keeps, IRSA on the trainer ServiceAccount. The operator, run with the chart's
+    token and its --job-defaults file, gives a job in another namespace (the default watches
+    them all) that ServiceAccount annotation and no fixed uid; NOTES say what it watches."""
+    install_crd(cluster)
+    role = "arn:aws:iam::111122223333:role/training"
+    cluster.kubectl(
+        "create", "secret", "generic", "kept-claim-key", "-n", namespace,
+        "--from-literal=key=" + "k" * 48,
+    )  # fmt: skip
+    values = [
+        "crds.install=false",  # the session's CRDs are kubectl-applied (install_crd)
+        "podSecurityContext.runAsUser=null",
+        "trainerPods.runAsUser=null",
+        "trainerPods.runAsGroup=null",
+        "trainerPods.fsGroup=null",
+        "claimKey.existingSecret=kept-claim-key",
+        f"trainerPods.serviceAccountAnnotations.eks\\.amazonaws\\.com/role-arn={role}",
+    ]
+    args = [a for v in values for a in ("--set", v)]
+    out = cluster.helm("install", "plat", CHART, "-n", namespace, "--wait=false", *args).stdout
+    op: Op | None = None
+    try:
+        assert "watching every namespace" in out and "kubectl create namespace team-a" in out, out
+        assert "claimKey.existingSecret" not in out  # already set: no GitOps warning
+        pod = cluster.wait(
+            lambda: cluster.kubectl_json(
+                "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/instance=plat"
+            )["items"],
+            timeout=60,
+            what="the operator Deployment's pod",
+        )[0]
+        assert "runAsUser" not in pod["spec"]["securityContext"]
+        assert "priorityClassName" not in pod["spec"]
+        claim = next(v for v in pod["spec"]["volumes"] if v["name"] == "claim-key")
+        assert claim["secret"]["secretName"] == "kept-claim-key"
+        cm = cluster.kubectl_json(
+            "get", "configmap", "plat-megatron-operator-job-defaults", "-n", namespace
+        )
+        defaults = tmp_path / "defaults.json"
+        defaults.write_text(cm["data"]["defaults.json"])
+        op = Op(
+            sa_cluster(cluster, namespace, "plat-megatron-operator", tmp_path),
+            tmp_path,
+            "--kueue=off",
+            f"--job-defaults={defaults}",
+        )
+        op.start()
+        doc = tiny_gpu_job("platform", nodes=1)
+        del doc["spec"]["image"]
+        cluster.apply(doc, jobs_namespace)
+        (made,) = wait_pods(cluster, jobs_namespace, "platform", 1)
+        assert "runAsUser" not in made["spec"]["securityContext"]
+        assert "fsGroup" not in made["spec"]["securityContext"]
+        account = cluster.kubectl_json(
+            "get", "serviceaccount", "platform-trainer", "-n", jobs_namespace
+        )
+        assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": role}
+        st = status(cluster, jobs_namespace, "platform")
+        assert st["defaults"]["sources"] == ["operator"]
+        denied = [line for line in op.logs().splitlines() if "forbidden" in line.lower()]
+        assert not denied, denied[:3]
+    finally:
+        if op is not None:
+            op.stop()
+        cluster.helm("uninstall", "plat", "-n", namespace)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
 import subprocess
 import sys
 import threading
@@ -30,6 +31,7 @@ import yaml
 
 from .conftest import OPERATOR_NODE
 from .real_nodes_support import (
+    OPERATOR_NS,
     REAL_LABEL,
     SHARED_CHECKPOINT_VOLUME,
     RealCluster,
@@ -505,3 +507,110 @@ def test_node_loss_restarts_on_the_remaining_nodes_with_the_same_curve(
         f"node loss: {victim} killed, restarted on {sorted(p['spec']['nodeName'] for p in again)}"
     )
     print(f"node loss: worst relative difference to local {worst:.1e}")
+
+
+def tour_commands() -> list[str]:
+    """The cluster half of the README's tour, one command a line (continuations joined)."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## A 60-second tour", 1)[1].split("```console", 1)[1].split("```", 1)[0]
+    commands: list[str] = []
+    for line in block.splitlines():
+        if line.startswith("$ "):
+            commands.append(line[2:])
+        elif commands and commands[-1].rstrip().endswith("\\"):
+            commands[-1] = commands[-1].rstrip()[:-1] + " " + line.strip()
+    start = next(i for i, c in enumerate(commands) if c.startswith("helm install"))
+    return [c.split("  #", 1)[0].strip() for c in commands[start:]]
+
+
+def test_the_readme_tour_runs_as_written(real_operator: RealCluster) -> None:
+    """The README tour's cluster commands, run as written from the repository root on the
+    session's operator, which is the chart's default install (every namespace watched) with this
+    machine's images as $REGISTRY: the namespace, then `examples/cpu-tiny.yaml` (no image,
+    mock data, a claim it creates), which must train to Succeeded; `kubectl get mj`,
+    `mjob status` and `mjob logs` show it.
+
+    Two things of this test cluster are made as every real cluster has them, for this test only:
+    its fake kwok node is cordoned (a pod placed there would never run), and its default
+    StorageClass is the one whose volumes the pods' uid can write (the provisioner of the other,
+    hostPath, makes root-owned 0750 directories and applies no fsGroup, which cloud disks do)."""
+    c = real_operator
+    tour = tour_commands()
+    helm, rest = tour[0], tour[1:]
+    # The tour's install is the fixture's: the chart's defaults but the images.
+    sets = [a.split("=", 1)[0] for a in shlex.split(helm) if "=" in a]
+    assert sets == ["image.repository", "trainerImage.repository"], helm
+    assert f"-n {OPERATOR_NS}" in helm
+    registry = c.image("operator").rsplit("/", 1)[0]
+    assert c.image("trainer").startswith(f"{registry}/trainer:"), c.image("trainer")
+    ns_line = next(x for x in rest if x.startswith("kubectl create namespace"))
+    ns = shlex.split(ns_line)[-1]
+    kwok = [
+        n["metadata"]["name"] for n in c.kubectl_json("get", "nodes", "-l", "type=kwok")["items"]
+    ]
+    classes = {s["metadata"]["name"]: s for s in c.kubectl_json("get", "storageclasses")["items"]}
+    default = "storageclass.kubernetes.io/is-default-class"
+    was_default = [
+        n for n, s in classes.items() if s["metadata"].get("annotations", {}).get(default) == "true"
+    ]
+
+    def set_default(name: str, value: str) -> None:
+        c.kubectl("annotate", "storageclass", name, f"{default}={value}", "--overwrite")
+
+    env = {
+        **c.env,
+        "REGISTRY": registry,
+        "PATH": f"{c.bin_dir}:{Path(sys.executable).parent}:{c.env['PATH']}",
+    }
+
+    def run(line: str, timeout: float = 120) -> str:
+        proc = subprocess.run(
+            ["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True,
+            timeout=timeout, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"{line}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        return proc.stdout
+
+    started = time.monotonic()
+    for node in kwok:
+        c.kubectl("cordon", node)
+    for name in was_default:
+        set_default(name, "false")
+    set_default(c.shared_storage_class, "true")
+    try:
+        outputs: dict[str, str] = {}
+        for line in rest:
+            if line.startswith(("mjob status", "mjob logs")):
+                continue  # once the job has run
+            outputs[line] = run(line)
+            if " apply " in f" {line} ":
+                done = wait_phase(c, ns, "cpu-tiny", {"Succeeded", "Failed"}, 900)
+                assert done["phase"] == "Succeeded", done
+        st = job_status(c, ns, "cpu-tiny")
+        assert st["restarts"] == 0 and st["progress"]["iteration"] == 60, st
+        # The image came from the chart (trainerImage), recorded with the job.
+        assert st["defaults"]["sources"] == ["operator"], st.get("defaults")
+        assert st["defaults"]["spec"]["image"] == c.image("trainer")
+        (pod,) = pods_of(c, ns, "cpu-tiny")
+        assert pod["spec"]["containers"][0]["image"] == c.image("trainer")
+        assert pod["spec"]["nodeName"] in c.real_nodes
+        listed = next(v for k, v in outputs.items() if k.endswith("get mj"))
+        assert "cpu-tiny" in listed and "Succeeded" in listed and "TP2·DP1" in listed, listed
+        for line in rest:
+            if line.startswith("mjob status"):
+                text = run(line)
+                assert "Succeeded" in text, text
+            elif line.startswith("mjob logs"):
+                text = run(line, timeout=60)
+                assert "MEGATRON_PROGRESS" in text or "iteration" in text, text[-2000:]
+        print(
+            f"README tour: cpu-tiny Succeeded on {pod['spec']['nodeName']} in "
+            f"{time.monotonic() - started:.0f} s (60 iterations, no restart)"
+        )
+    finally:
+        set_default(c.shared_storage_class, "false")
+        for name in was_default:
+            set_default(name, "true")
+        for node in kwok:
+            c.kubectl("uncordon", node)
+        c.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -564,9 +564,11 @@ def kueue_now() -> Any:
 
 
 # Without Kueue ------------------------------------------------------------------------------
-def test_without_kueue_the_label_is_ignored_and_kueue_on_refuses_to_start(
+def test_without_kueue_a_queued_job_waits_and_kueue_on_refuses_to_start(
     cluster_factory: Any, tmp_path: Any
 ) -> None:
+    """A job naming a LocalQueue never runs outside its quota: on a cluster without Kueue it
+    waits with a condition saying why, and runs once the label is removed."""
     import subprocess
     import sys
 
@@ -586,15 +588,67 @@ def test_without_kueue_the_label_is_ignored_and_kueue_on_refuses_to_start(
     assert "does not serve kueue.x-k8s.io/v1beta2 Workloads" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
-    op = Op(bare, tmp_path)  # --kueue auto: finds no Kueue, runs labelled jobs as ordinary ones
+    op = Op(bare, tmp_path)  # --kueue auto: finds no Kueue; labelled jobs wait
     op.start()
     try:
         bare.kubectl("create", "namespace", "plain")
         bare.apply(queued_job("plain"), "plain")
+        st = wait_phase(bare, "plain", "plain", "Queued")
+        admitted = next(c for c in st["conditions"] if c["type"] == "Admitted")
+        assert (
+            admitted["reason"] == "KueueDisabled"
+            and "outside the queue's quota" in (admitted["message"])
+        )
+        assert bare.kubectl_json("get", "pods", "-n", "plain")["items"] == []
+        assert "Kueue is not installed" in op.logs()
+        bare.kubectl("label", "mj", "plain", "-n", "plain", "kueue.x-k8s.io/queue-name-")
         wait_pods(bare, "plain", "plain", 2, phase="Running")
         st = wait_phase(bare, "plain", "plain", "Running")
         assert "workload" not in st and "localQueue" not in st
-        assert "Kueue is not installed" in op.logs()
     finally:
         op.stop()
     assert "Traceback" not in op.logs()
+
+
+# RDMA, EFA and hugepages ----------------------------------------------------------------------
+def test_rdma_and_hugepages_need_the_cluster_queue_to_cover_them(
+    cluster: Cluster, namespace: str, queue: Queue
+) -> None:
+    """docs/kueue.md, "RDMA, EFA and hugepages": a job on a fabric asks Kueue for rdma/ib (and
+    hugepages, as EFA does); a ClusterQueue that does not cover them never admits it, and says
+    which; covering them (with quota) admits it."""
+    ns = namespace
+    fabric = queued_job(
+        "fabric",
+        resources={
+            "network": {"fabric": "infiniband"},
+            "requests": {"hugepages-2Mi": "1Gi", "memory": "2Gi", "cpu": "1"},
+            "limits": {"hugepages-2Mi": "1Gi", "memory": "2Gi"},
+        },
+    )
+    cluster.apply(fabric, ns)
+
+    def refused() -> dict[str, Any] | None:
+        admitted = condition(status(cluster, ns, "fabric"), "Admitted")
+        text = str((admitted or {}).get("message", ""))
+        return admitted if "rdma/ib" in text or "hugepages-2Mi" in text else None
+
+    admitted = cluster.wait(refused, 60, what="Kueue's refusal naming the fabric's resources")
+    assert status(cluster, ns, "fabric")["phase"] == "Queued" and pods(cluster, ns, "fabric") == []
+    print(f"Kueue without rdma/ib and hugepages-2Mi covered: {admitted['message']}")
+    cq = _cluster_queue(queue.cluster_queue, queue.flavor, ns, 16)
+    group = cq["spec"]["resourceGroups"][0]
+    group["coveredResources"] += ["rdma/ib", "hugepages-2Mi"]
+    group["flavors"][0]["resources"] += [
+        {"name": "rdma/ib", "nominalQuota": "1000"},
+        {"name": "hugepages-2Mi", "nominalQuota": "1Ti"},
+    ]
+    cluster.apply(cq)
+    wait_wl(cluster, ns, "fabric", "Admitted", ("True", "Admitted"))
+    wl = workload(cluster, ns, "fabric")
+    used = {
+        r["name"]
+        for ps in wl["status"]["admission"]["podSetAssignments"]
+        for r in [{"name": k} for k in ps.get("resourceUsage", {})]
+    }
+    assert {"rdma/ib", "hugepages-2Mi", GPU} <= used, wl["status"]["admission"]

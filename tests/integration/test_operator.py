@@ -10,6 +10,8 @@ import json
 import time
 from typing import Any
 
+from megatron_operator.core.defaults import DEFAULT_TRAINER_IMAGE
+
 from .conftest import Cluster
 from .operator_support import (
     Op,
@@ -340,3 +342,71 @@ def test_a_request_above_its_limit_is_refused_at_admission(
     assert proc.returncode != 0
     assert "spec.resources.requests" in proc.stderr and "above its limit" in proc.stderr
     assert pods(cluster, namespace, "badlabel") == []
+
+
+def test_namespace_defaults_apply_in_scope_only(
+    cluster: Cluster, namespace: str, operator: Op
+) -> None:
+    """A MegatronJobDefaults reaches the jobs of its namespace (image, env, pod conventions, the
+    trainer ServiceAccount's annotations, an OpenShift-style identity), recorded in their
+    status, and no job elsewhere."""
+    ns, other = namespace, f"{namespace[:50]}-out"
+    cluster.kubectl("create", "namespace", other)
+    try:
+        defaults = {
+            "apiVersion": "megatron.dev/v1alpha1",
+            "kind": "MegatronJobDefaults",
+            "metadata": {"name": "platform"},
+            "spec": {
+                "image": "registry.example/ml/trainer:7",
+                "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+                "template": {"metadata": {"annotations": {"example.com/team": "a"}}},
+                "serviceAccount": {
+                    "annotations": {"iam.gke.io/gcp-service-account": "t@p.iam.gserviceaccount.com"}
+                },
+                "podSecurityContext": {},
+            },
+        }
+        cluster.apply(defaults, ns)
+        for where in (ns, other):
+            doc = tiny_gpu_job("scoped", nodes=1)
+            del doc["spec"]["image"]
+            cluster.apply(doc, where)
+        inside = wait_pods(cluster, ns, "scoped", 1)[0]
+        outside = wait_pods(cluster, other, "scoped", 1)[0]
+        c_in, c_out = inside["spec"]["containers"][0], outside["spec"]["containers"][0]
+        assert c_in["image"] == "registry.example/ml/trainer:7"
+        assert {"name": "NCCL_DEBUG", "value": "INFO"} in c_in["env"]
+        assert inside["metadata"]["annotations"]["example.com/team"] == "a"
+        assert "runAsUser" not in inside["spec"]["securityContext"]
+        account = cluster.kubectl_json("get", "serviceaccount", "scoped-trainer", "-n", ns)
+        assert account["metadata"]["annotations"]["iam.gke.io/gcp-service-account"].startswith("t@")
+        assert status(cluster, ns, "scoped")["defaults"]["sources"] == [f"{ns}/platform"]
+        # Outside its namespace: nothing of it.
+        assert c_out["image"] == DEFAULT_TRAINER_IMAGE
+        assert "NCCL_DEBUG" not in {e["name"] for e in c_out["env"]}
+        assert "example.com/team" not in outside["metadata"].get("annotations", {})
+        assert outside["spec"]["securityContext"]["runAsUser"] == 1000
+        assert status(cluster, other, "scoped")["defaults"] == {"sources": []}
+        # A refused defaults object: the CRD applies the job's own rules to it.
+        bad = json.loads(json.dumps(defaults))
+        bad["metadata"]["name"] = "bad"
+        bad["spec"]["env"] = [{"name": "WORLD_SIZE", "value": "1"}]
+        proc = cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(bad), check=False)
+        assert proc.returncode != 0 and "set by the operator" in proc.stderr, proc.stderr
+    finally:
+        cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+def test_active_deadline_fails_the_job_and_stops_its_pods(
+    cluster: Cluster, namespace: str, operator: Op
+) -> None:
+    ns = namespace
+    cluster.apply(tiny_gpu_job("deadline", nodes=2, activeDeadlineSeconds=15), ns)
+    wait_pods(cluster, ns, "deadline", 2, phase="Running")
+    st = wait_phase(cluster, ns, "deadline", "Failed", timeout=90)
+    failed = condition(st, "Failed")
+    assert failed is not None and failed["reason"] == "DeadlineExceeded", st
+    assert "activeDeadlineSeconds (15 s)" in failed["message"]
+    cluster.wait(lambda: not pods(cluster, ns, "deadline"), 60, what="the pods stopped")
+    assert "DeadlineExceeded" in {e["reason"] for e in events(cluster, ns, "deadline")}

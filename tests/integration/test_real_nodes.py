@@ -8,10 +8,16 @@ teardown at the end of the session (real_nodes_support.assert_nothing_left).
 
 from __future__ import annotations
 
+import tomllib
 import uuid
+from pathlib import Path
 
 from .real_nodes_support import REAL_LABEL, RealCluster, netns_list, pod, python_pod
 
+# The package version the images were built from (pyproject.toml).
+VERSION = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())[
+    "project"
+]["version"]
 VERSION_CODE = (
     "import importlib.metadata as m, os, torch, megatron.core, megatron_trainer;"
     "print('megatron-operator', m.version('megatron-operator'), 'torch', torch.__version__,"
@@ -59,7 +65,7 @@ def test_trainer_image_runs_on_each_real_node(real_cluster: RealCluster) -> None
         logs = c.logs(ns, f"v-{node}")
         assert done["status"]["phase"] == "Succeeded", logs
         assert done["spec"]["nodeName"] == node
-        assert "megatron-operator 0.1.0 torch 2." in logs
+        assert f"megatron-operator {VERSION} torch 2." in logs
         assert "uid 1000 dot 4.0" in logs
     c.kubectl("delete", "namespace", ns, "--wait=false")
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from megatron_contract.ladder import REPORT_ANNOTATION, LostLauncher, RankFailure, Report
 from megatron_contract.paths import PROGRESS_ANNOTATION as ANNOTATION_PROGRESS
+from megatron_operator.core.defaults import Layer
 from megatron_operator.core.observe import format_time, lease_view, pod_view
 from megatron_operator.core.policy import MIN_BACKOFF_SECONDS
 from megatron_operator.core.reconcile import Outcome, Settings, World, reconcile
@@ -34,6 +35,9 @@ class Sim:
     settings: Settings = field(default_factory=Settings)
     last: Outcome | None = None
     lease: dict[str, Any] | None = None  # the job's progress Lease, once the shell made it
+    # The platform's defaults the shell would look up (core/defaults.py): only while the job has
+    # recorded none and not started, as the shell passes them.
+    defaults: tuple[Layer, ...] | None = None
 
     @classmethod
     def of_spec(cls, spec: dict[str, Any]) -> Sim:
@@ -62,7 +66,12 @@ class Sim:
             now=self.now,
             not_ready_nodes=dict(self.not_ready),
             lease=lease_view(copy.deepcopy(self.lease)),
+            defaults=self._defaults(),
         )
+
+    def _defaults(self) -> tuple[Layer, ...] | None:
+        status = self.status
+        return None if "defaults" in status or "startTime" in status else self.defaults
 
     def step(self, *, write_status: bool = True, max_creates: int | None = None) -> Outcome:
         out = reconcile(self.world(), self.settings)

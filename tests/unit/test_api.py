@@ -65,7 +65,6 @@ def test_snake_case_is_unknown_too() -> None:
         ({"parallelism.tensor": 0}, "spec.parallelism.tensor", "at least 1"),
         ({"training.lr": -1.0}, "spec.training.lr", "greater than 0"),
         ({"training.trainIters": DELETE}, "spec.training.trainIters", "required"),
-        ({"image": DELETE}, "spec.image", "required"),
         ({"parallelism.data": "many"}, "spec.parallelism.data", "'auto' or a positive integer"),
         ({"parallelism.data": 0}, "spec.parallelism.data", "'auto' or a positive integer"),
         ({"model.recipe": "gpt-huge"}, "spec.model.recipe", "gpt-tiny"),

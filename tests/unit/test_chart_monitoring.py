@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 
 from megatron_operator.cluster.metrics import Metrics
 
-from .chartkit import CHART, ROOT, one, render
+from .chartkit import CHART, ROOT, of_kind, one, render
 
 DASHBOARD = CHART / "dashboards" / "megatronjobs.json"
 # PromQL words that are not metric names.
@@ -107,7 +107,11 @@ def test_dashboard_has_every_panel() -> None:
 
 
 def test_dashboard_configmap_carries_the_sidecar_label_and_the_json() -> None:
-    cm = one(render("dashboard.enabled=true"), "ConfigMap")
+    (cm,) = [
+        c
+        for c in of_kind(render("dashboard.enabled=true"), "ConfigMap")
+        if c["metadata"]["name"].endswith("-dashboard")
+    ]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(cm["data"]["megatronjobs.json"]) == dashboard()
 

@@ -3,6 +3,7 @@ with the defaults, in namespaced mode, and with every optional object on."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -10,7 +11,27 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from megatron_operator.api import MegatronJob, load_job
+from megatron_operator.core.defaults import DEFAULT_TRAINER_IMAGE, Layer, apply, platform, resolve
+from megatron_operator.core.planner import plan
+from megatron_operator.core.render import render as render_job
+
 from .chartkit import CHART, EVERYTHING, ROOT, of_kind, one, render, rules_for, run_helm
+from .specs import DELETE, job_of
+
+
+def read_defaults_from(defaults: dict[str, Any]) -> dict[str, Any]:
+    """The chart's --job-defaults file as the operator reads it (validated, merged)."""
+    record, errors = resolve([Layer("operator", defaults)])
+    assert errors == [] and record is not None
+    merged: dict[str, Any] = record["spec"]
+    return merged
+
+
+def load_job_with(job: MegatronJob, defaults: dict[str, Any]) -> MegatronJob:
+    doc = {**job.model_dump(by_alias=True, exclude_none=True, mode="json")}
+    doc["spec"] = apply(job.spec.to_api(), defaults)
+    return load_job(doc)
 
 
 def operator_role(objs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -30,7 +51,7 @@ RENDERS = {
     "defaults": [],
     "namespaced": ["watchNamespaces={team-a,team-b}"],
     "everything": [*EVERYTHING, "watchNamespaces={team-a}"],
-    "everything-clusterwide": [*EVERYTHING, "clusterWide=true"],
+    "everything-clusterwide": EVERYTHING,
     "insecure-metrics": ["metrics.secure=false"],
 }
 MULTI_TENANT = str(CHART / "values-multi-tenant.yaml")
@@ -66,9 +87,11 @@ def test_everything_renders_every_optional_object() -> None:
     ):
         assert kind in kinds, kind
     defaults = render()
-    assert {o["kind"] for o in defaults}.isdisjoint(
-        MONITORING | {"PodDisruptionBudget", "ConfigMap"}
-    )
+    assert {o["kind"] for o in defaults}.isdisjoint(MONITORING | {"PodDisruptionBudget"})
+    # The one ConfigMap by default: the jobs' defaults (the dashboard's is opt-in).
+    assert [c["metadata"]["name"] for c in of_kind(defaults, "ConfigMap")] == [
+        "mo-megatron-operator-job-defaults"
+    ]
     policies = [p["metadata"]["name"] for p in of_kind(defaults, "ValidatingAdmissionPolicy")]
     assert not [n for n in policies if n.endswith("-limits")]  # the tenant policy is opt-in
 
@@ -84,7 +107,7 @@ def test_everything_renders_every_optional_object() -> None:
         (["watchNamespaces={Team_A}"], "/watchNamespaces/0"),
         (["alerts.pendingFor=soon"], "/alerts/pendingFor"),
         (["admissionPolicy.images.allowed={ghcr.io/team*}"], "/admissionPolicy/images/allowed/0"),
-        (["clusterWide=true", "watchNamespaces={a}"], "leave watchNamespaces empty"),
+        (["clusterWide=false"], "clusterWide=false needs the namespaces to watch"),
         (["admissionPolicy.forbiddenTolerationKeys={x}"], "additional properties"),
         (
             ["metrics.secure=false", "metrics.serviceMonitor.enabled=true"],
@@ -130,7 +153,14 @@ def test_deployment_flags_probes_and_priority() -> None:
     container = pod["containers"][0]
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
-    assert pod["priorityClassName"] == "system-cluster-critical"
+    # No PriorityClass by default: GKE refuses system-cluster-critical outside kube-system.
+    assert "priorityClassName" not in pod
+    assert (
+        one(render("priorityClassName=train-critical"), "Deployment")["spec"]["template"]["spec"][
+            "priorityClassName"
+        ]
+        == "train-critical"
+    )
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
@@ -138,9 +168,8 @@ def test_deployment_flags_probes_and_priority() -> None:
     assert "--network-policy" not in off and "--leader-elect" not in off and "--kueue=on" in off
     ns = _args(render("watchNamespaces={team-a,team-b}"))
     assert "--namespace=team-a" in ns and "--namespace=team-b" in ns
-    # The narrowest install that works: the release namespace only.
-    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=megatron-system"]
-    assert not [a for a in _args(render("clusterWide=true")) if a.startswith("--namespace")]
+    # The default watches every namespace: a job runs in its team's namespace as written.
+    assert not [a for a in args if a.startswith("--namespace")]
     # Probes on the health port; /metrics over HTTPS for authorized tokens, or loopback only.
     assert container["readinessProbe"]["httpGet"]["port"] == "health"
     assert {"--metrics-auth=kubernetes", "--metrics-bind-address=0.0.0.0"} <= set(args)
@@ -196,8 +225,8 @@ def test_namespaced_mode_grants_roles_in_watched_namespaces_only() -> None:
     assert "update" not in rules_for(rules, "megatronjobs")
     assert rules_for(rules, "secrets") == set()
 
-    # Cluster-wide mode: the same namespaced rules, in the ClusterRole, and no Role.
-    wide = render("clusterWide=true")
+    # Cluster-wide mode (the default): the same namespaced rules, in the ClusterRole, no Role.
+    wide = render()
     assert rules_for(operator_role(wide)["rules"], "pods") == rules_for(rules, "pods")
     assert [
         r for r in of_kind(wide, "Role") if not r["metadata"]["name"].endswith("-election")
@@ -233,11 +262,13 @@ def test_kueue_and_network_policy_rights_follow_their_values() -> None:
 
 
 def test_crd_is_the_generated_one_and_kept_on_uninstall() -> None:
-    crd = one(render(), "CustomResourceDefinition")
-    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
-    generated = yaml.safe_load((ROOT / "crds" / "megatronjobs.megatron.dev.yaml").read_text())
-    del crd["metadata"]["annotations"]
-    assert crd == generated
+    crds = {c["metadata"]["name"]: c for c in of_kind(render(), "CustomResourceDefinition")}
+    assert set(crds) == {"megatronjobs.megatron.dev", "megatronjobdefaults.megatron.dev"}
+    for name, crd in crds.items():
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        generated = yaml.safe_load((ROOT / "crds" / f"{name}.yaml").read_text())
+        del crd["metadata"]["annotations"]
+        assert crd == generated
     assert of_kind(render("crds.install=false"), "CustomResourceDefinition") == []
     # Helm would install crds/ on every install and conflict with the template.
     assert not (CHART / "crds").exists()
@@ -251,32 +282,36 @@ def test_scrape_annotations_follow_the_port() -> None:
         assert found["prometheus.io/scrape"] == "true"
         assert found["prometheus.io/port"] == "9100"
     off = render("metrics.scrapeAnnotations=false")
-    assert "annotations" not in one(off, "Deployment")["spec"]["template"]["metadata"]
+    annotations = one(off, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert not [k for k in annotations if k.startswith("prometheus.io/")]
 
 
-def test_the_default_install_is_the_narrowest_that_works() -> None:
+def test_the_default_install_watches_every_namespace() -> None:
+    """What platform teams expect (Kueue, JobSet, the Kubeflow Trainer install so): a job applied
+    in any namespace gets a status, with the job rights in one ClusterRole and no Role."""
     objs = render()
-    wide = operator_role(objs)["rules"]
-    assert rules_for(wide, "pods") == set()  # nothing namespaced cluster-wide
+    rules = operator_role(objs)["rules"]
+    assert rules_for(rules, "pods") == {"get", "list", "watch", "create", "delete"}
     roles = [r for r in of_kind(objs, "Role") if not r["metadata"]["name"].endswith("-election")]
-    assert [r["metadata"]["namespace"] for r in roles] == ["megatron-system"]
-    rules = roles[0]["rules"]
+    assert roles == []
     # The garbage collector deletes a job's progress Lease; the operator may not.
     assert rules_for(rules, "leases") == {"get", "list", "watch", "create", "update", "patch"}
+    assert rules_for(rules, "secrets") == set()
     # The metrics reader role for Prometheus, and the guardrail policies, are on by default.
     reader = next(
         r for r in of_kind(objs, "ClusterRole") if r["metadata"]["name"].endswith("-metrics-reader")
     )
     assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
     names = {p["metadata"]["name"] for p in of_kind(objs, "ValidatingAdmissionPolicy")}
-    assert names == {"mo-megatron-operator-operator-writes", "mo-megatron-operator-trainer-leases"}
+    assert {"mo-megatron-operator-operator-writes", "mo-megatron-operator-trainer-leases"} <= names
+    # NOTES.txt says so: tests/integration/test_chart.py reads it from `helm install`.
 
 
 def test_the_cluster_wide_values_comment_says_what_it_grants() -> None:
     """The comment above clusterWide in values.yaml names exactly the namespaced rights the
     cluster-wide ClusterRole grants (with networkPolicy and kueue.enabled on)."""
     text = (CHART / "values.yaml").read_text()
-    comment = text[text.index("# Watch every namespace") : text.index("clusterWide: false")]
+    comment = text[text.index("# With watchNamespaces empty") : text.index("clusterWide: true")]
     flat = " ".join(line.lstrip("#").strip() for line in comment.splitlines())
     said: dict[str, set[str]] = {}
     for names, verbs in re.findall(r"((?:[a-z/]+(?:, | and )?)+) \(([a-z, ]+)\)", flat):
@@ -286,7 +321,7 @@ def test_the_cluster_wide_values_comment_says_what_it_grants() -> None:
                      "subjectaccessreviews", "resourceflavors", "workloadpriorityclasses",
                      "priorityclasses"}  # fmt: skip
     granted: dict[str, set[str]] = {}
-    for rule in operator_role(render("clusterWide=true", "kueue.enabled=true"))["rules"]:
+    for rule in operator_role(render("kueue.enabled=true"))["rules"]:
         for resource in rule["resources"]:
             if resource not in cluster_reads:
                 granted.setdefault(resource, set()).update(rule["verbs"])
@@ -307,3 +342,133 @@ def test_the_multi_tenant_profile_turns_the_admission_policy_on() -> None:
     assert "imagePullPolicy == 'Always'" in text
     assert "['registry.example.com/ml/*'].exists(a" in text
     assert "[{'effect':'NoSchedule','key':'nvidia.com/gpu','operator':'Exists'}].exists(a" in text
+
+
+def _job_defaults(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    (cm,) = [c for c in of_kind(objs, "ConfigMap") if c["metadata"]["name"].endswith("-defaults")]
+    parsed: dict[str, Any] = json.loads(cm["data"]["defaults.json"])
+    return parsed
+
+
+def test_openshift_values_fix_no_uid_anywhere() -> None:
+    """restricted-v2 assigns the uid, gid and fsGroup: neither the operator pod nor a trainer
+    pod (through the operator's --job-defaults) may fix them."""
+    objs = render(
+        "podSecurityContext.runAsUser=null",
+        "trainerPods.runAsUser=null",
+        "trainerPods.runAsGroup=null",
+        "trainerPods.fsGroup=null",
+    )
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    defaults = _job_defaults(objs)
+    assert defaults["podSecurityContext"] == {}
+    job = job_of({"image": DELETE})
+    trainer = next(
+        o
+        for o in render_job(job, plan(job.spec), platform=platform(defaults))
+        if o["kind"] == "Pod"
+    )
+    assert trainer["spec"]["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    # The defaults: the images' user, the chart's trainer image.
+    plain = _job_defaults(render())
+    assert plain == {
+        "image": DEFAULT_TRAINER_IMAGE,
+        "podSecurityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000},
+    }
+
+
+def test_the_trainer_service_account_gets_the_clouds_annotations() -> None:
+    role = "arn:aws:iam::111122223333:role/training"
+    objs = render(
+        f"trainerPods.serviceAccountAnnotations.eks\\.amazonaws\\.com/role-arn={role}",
+        "trainerImage.repository=registry.example/ml/trainer",
+        "jobDefaults.env[0].name=NCCL_DEBUG",
+        "jobDefaults.env[0].value=WARN",
+    )
+    defaults = _job_defaults(objs)
+    assert read_defaults_from(defaults) == defaults  # the operator accepts it as it is
+    job = job_of({"image": DELETE})
+    made = render_job(load_job_with(job, defaults), plan(job.spec), platform=platform(defaults))
+    account = next(o for o in made if o["kind"] == "ServiceAccount")
+    assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": role}
+    pod = next(o for o in made if o["kind"] == "Pod")
+    tag = DEFAULT_TRAINER_IMAGE.rsplit(":", 1)[1]
+    assert pod["spec"]["containers"][0]["image"] == f"registry.example/ml/trainer:{tag}"
+    assert {"name": "NCCL_DEBUG", "value": "WARN"} in pod["spec"]["containers"][0]["env"]
+    # A change of the defaults rolls the operator, which reads them at start.
+    sums = {
+        one(o, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/job-defaults"]
+        for o in (objs, render())
+    }
+    assert len(sums) == 2
+
+
+def test_monitors_use_authorization_with_the_charts_own_token() -> None:
+    objs = render("metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true")
+    for kind, key in (("ServiceMonitor", "endpoints"), ("PodMonitor", "podMetricsEndpoints")):
+        (endpoint,) = one(objs, kind)["spec"][key]
+        assert "bearerTokenFile" not in endpoint
+        assert endpoint["authorization"] == {
+            "type": "Bearer",
+            "credentials": {"name": "mo-megatron-operator-metrics-token", "key": "token"},
+        }
+    token = next(s for s in of_kind(objs, "Secret") if s["metadata"]["name"].endswith("-token"))
+    assert token["type"] == "kubernetes.io/service-account-token"
+    account = token["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    binding = next(
+        b for b in of_kind(objs, "ClusterRoleBinding") if b["metadata"]["name"].endswith("-metrics")
+    )
+    assert binding["roleRef"]["name"] == "mo-megatron-operator-metrics-reader"
+    assert binding["subjects"][0]["name"] == account
+    # Their own Secret: none of the chart's.
+    own = render("metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.tokenSecret=prom")
+    (endpoint,) = one(own, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["authorization"]["credentials"]["name"] == "prom"
+    assert not [s for s in of_kind(own, "Secret") if s["metadata"]["name"].endswith("-token")]
+
+
+def test_helm_template_is_stable_with_existing_secrets() -> None:
+    """Argo CD renders with `helm template`, where lookup finds nothing: the generated key and
+    certificate change on every render, the named Secrets do not."""
+    stable = ["claimKey.existingSecret=megatron-claim-key", "metrics.certSecret=megatron-tls"]
+    first, second = render(*stable), render(*stable)
+    assert first == second
+    assert not [s for s in of_kind(first, "Secret") if s["metadata"]["name"].endswith("-claim-key")]
+    volumes = one(first, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    secrets = {v["name"]: v["secret"]["secretName"] for v in volumes if "secret" in v}
+    assert secrets == {"claim-key": "megatron-claim-key", "metrics-tls": "megatron-tls"}
+    generated = [render(), render()]
+    keys = [
+        next(s for s in of_kind(objs, "Secret") if s["metadata"]["name"].endswith("-claim-key"))
+        for objs in generated
+    ]
+    assert keys[0]["data"] != keys[1]["data"]  # why the value exists
+
+
+def test_global_aggregated_roles_and_the_queue_requirement() -> None:
+    objs = render("global.imageRegistry=registry.example", "kueue.enabled=true",
+                  "kueue.requireQueueLabel=true")  # fmt: skip
+    assert "--require-queue-label" in _args(objs)
+    roles = {r["metadata"]["name"]: r for r in of_kind(objs, "ClusterRole")}
+    edit = roles["mo-megatron-operator-edit"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert rules_for(edit["rules"], "megatronjobs") >= {"create", "delete", "patch"}
+    assert rules_for(edit["rules"], "megatronjobdefaults") == {"get", "list", "watch"}
+    assert rules_for(edit["rules"], "megatronjobs/status") == set()
+    view = roles["mo-megatron-operator-view"]
+    assert rules_for(view["rules"], "megatronjobs") == {"get", "list", "watch"}
+    admin = roles["mo-megatron-operator-admin"]
+    assert "create" in rules_for(admin["rules"], "megatronjobdefaults")
+    assert not [r for r in of_kind(render("aggregateRoles=false"), "ClusterRole") if
+                r["metadata"]["name"].endswith(("-edit", "-view", "-admin"))]  # fmt: skip
+    proc = run_helm(
+        "template", "mo", str(CHART), "--set", "kueue.requireQueueLabel=true", check=False
+    )
+    assert proc.returncode != 0 and "needs kueue.enabled=true" in proc.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,16 @@ def test_the_license_file_is_the_one_pyproject_names() -> None:
     text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text  # the whole text, not a stub
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_an_example_says_what_it_needs_in_the_namespace(path: Path) -> None:
+    """Every claim, StorageClass and Secret an example uses but does not create is named in its
+    first lines, so that the job runs as written once those exist."""
+    text = path.read_text()
+    header = text.split("\napiVersion:", 1)[0]
+    needed = re.findall(r"claimName: ([a-z0-9-]+)", text)
+    needed += re.findall(r"storageClassName: ([a-z0-9-]+)", text)
+    needed += re.findall(r"configSecret: ([a-z0-9-]+)", text)
+    for name in needed:
+        assert name in header, f"{path.name}: the header does not say it needs {name}"

@@ -46,6 +46,9 @@ class Kube1:
     def accepted_spec(self, ns: str, name: str) -> None:
         return None
 
+    def list_job_defaults(self, ns: str) -> list[Any]:
+        return []
+
     def replace_status(self, job: Any, status: Any) -> None:
         self.writes.append("status")
 

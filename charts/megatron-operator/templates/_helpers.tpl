@@ -17,12 +17,11 @@ prometheus.io/port: {{ .Values.metrics.port | quote }}
 prometheus.io/path: /metrics
 prometheus.io/scheme: https
 {{- end -}}
-{{/* The namespaces the operator watches, one per line; none in cluster-wide mode. */}}
+{{/* The namespaces the operator watches, one per line; none in cluster-wide mode (the default:
+watchNamespaces empty). */}}
 {{- define "megatron-operator.namespaces" -}}
-{{- if not .Values.clusterWide -}}
-{{- range (.Values.watchNamespaces | default (list .Release.Namespace)) }}
+{{- range .Values.watchNamespaces }}
 {{ . }}
-{{- end -}}
 {{- end -}}
 {{- end -}}
 {{/* One replica without leader election is fine; several would all reconcile the same jobs. */}}
@@ -30,8 +29,11 @@ prometheus.io/scheme: https
 {{- if and (gt (int .Values.replicas) 1) (not .Values.leaderElection.enabled) -}}
 {{- fail "replicas > 1 needs leaderElection.enabled=true: without it every replica reconciles every job" -}}
 {{- end -}}
-{{- if and .Values.clusterWide .Values.watchNamespaces -}}
-{{- fail "clusterWide=true watches every namespace: leave watchNamespaces empty (or set clusterWide=false)" -}}
+{{- if and (not .Values.clusterWide) (not .Values.watchNamespaces) -}}
+{{- fail "clusterWide=false needs the namespaces to watch: --set 'watchNamespaces={team-a,team-b}' (jobs belong in the teams' namespaces)" -}}
+{{- end -}}
+{{- if and .Values.kueue.requireQueueLabel (not .Values.kueue.enabled) -}}
+{{- fail "kueue.requireQueueLabel needs kueue.enabled=true: without the integration every job would wait" -}}
 {{- end -}}
 {{- if eq (int .Values.metrics.port) (int .Values.metrics.healthPort) -}}
 {{- fail "metrics.port and metrics.healthPort must differ" -}}
@@ -44,5 +46,34 @@ prometheus.io/scheme: https
 {{- end -}}
 {{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.service) -}}
 {{- fail "metrics.serviceMonitor.enabled needs metrics.service=true (it selects the metrics Service); use metrics.podMonitor without a Service" -}}
+{{- end -}}
+{{- end -}}
+{{/* The operator's --job-defaults file (a MegatronJobDefaults spec, as JSON): trainerImage and
+trainerPods, under jobDefaults. */}}
+{{- define "megatron-operator.jobDefaults" -}}
+{{- $tp := .Values.trainerPods }}
+{{- $ids := dict }}
+{{- range $key := list "runAsUser" "runAsGroup" "fsGroup" }}
+{{- if not (kindIs "invalid" (index $tp $key)) }}
+{{- $_ := set $ids $key (index $tp $key) }}
+{{- end }}
+{{- end }}
+{{- $built := dict "image" (printf "%s:%s" .Values.trainerImage.repository (.Values.trainerImage.tag | default .Chart.AppVersion)) "podSecurityContext" $ids }}
+{{- with $tp.serviceAccountAnnotations }}
+{{- $_ := set $built "serviceAccount" (dict "annotations" .) }}
+{{- end }}
+{{- mergeOverwrite $built (deepCopy .Values.jobDefaults) | toJson }}
+{{- end -}}
+{{/* The Secret a monitor scrapes with: its tokenSecret, or the chart's own (metrics-token.yaml).
+Called with (list $ tokenSecret). */}}
+{{- define "megatron-operator.metricsToken" -}}
+{{- $root := index . 0 -}}
+{{- index . 1 | default (printf "%s-metrics-token" (include "megatron-operator.fullname" $root)) -}}
+{{- end -}}
+{{/* Whether a monitor needs the chart's own scraper token. */}}
+{{- define "megatron-operator.ownMetricsToken" -}}
+{{- $m := .Values.metrics -}}
+{{- if or (and $m.serviceMonitor.enabled (not $m.serviceMonitor.tokenSecret)) (and $m.podMonitor.enabled (not $m.podMonitor.tokenSecret)) -}}
+true
 {{- end -}}
 {{- end -}}

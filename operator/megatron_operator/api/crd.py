@@ -11,6 +11,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from pydantic import BaseModel
+
+from . import defaults
 from .cel import NODE_RULES, SPEC_RULES, TEMPLATE_RULES, TRANSITION_RULES
 from .job import (
     GROUP,
@@ -142,7 +145,7 @@ def _attach(schema: dict[str, Any], path: str, rules: list[dict[str, str]]) -> N
     node.setdefault("x-kubernetes-validations", []).extend(rules)
 
 
-def _model_schema(model: type[MegatronJobSpec] | type[MegatronJobStatus]) -> dict[str, Any]:
+def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     resolved = _resolve(raw, raw.get("$defs", {}))
     return _openapi(
@@ -156,6 +159,19 @@ def spec_schema() -> dict[str, Any]:
     root = {"properties": {"spec": spec}}
     for path, rules in {**NODE_RULES, **TEMPLATE_RULES}.items():
         _attach(root, path, rules)
+    return spec
+
+
+def defaults_spec_schema() -> dict[str, Any]:
+    """A MegatronJobDefaults spec: the job's own rules on every field they share (the env names,
+    node selector keys and template fields the operator owns)."""
+    spec = _model_schema(defaults.MegatronJobDefaultsSpec)
+    root = {"properties": {"spec": spec}}
+    for path, rules in {**NODE_RULES, **TEMPLATE_RULES}.items():
+        try:
+            _attach(root, path, rules)
+        except KeyError:
+            continue  # a job field the defaults do not have
     return spec
 
 
@@ -237,6 +253,53 @@ def crd() -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+def defaults_crd() -> dict[str, Any]:
+    """The MegatronJobDefaults CustomResourceDefinition (api/defaults.py)."""
+    root = {
+        "type": "object",
+        "description": "Defaults every MegatronJob in this namespace inherits, under its own "
+        "spec: trainer image, env, requests, node selector, tolerations, fabric, pod "
+        "conventions, pod identity and the trainer ServiceAccount's annotations.",
+        "properties": {
+            "apiVersion": {"type": "string", "description": "megatron.dev/v1alpha1"},
+            "kind": {"type": "string", "description": defaults.KIND},
+            "metadata": {"type": "object"},
+            "spec": defaults_spec_schema(),
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{defaults.PLURAL}.{GROUP}",
+            "labels": {"app.kubernetes.io/part-of": "megatron-operator"},
+        },
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": defaults.KIND,
+                "listKind": f"{defaults.KIND}List",
+                "plural": defaults.PLURAL,
+                "singular": defaults.SINGULAR,
+                "shortNames": list(defaults.SHORT_NAMES),
+                "categories": ["megatron"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "additionalPrinterColumns": [
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+                    ],
                     "schema": {"openAPIV3Schema": root},
                 }
             ],

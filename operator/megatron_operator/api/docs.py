@@ -8,7 +8,7 @@ from typing import Any, get_args
 from megatron_contract.recipes import RECIPES
 
 from .cel import SPEC_RULES, TRANSITION_RULES
-from .crd import PRINTER_COLUMNS, crd
+from .crd import PRINTER_COLUMNS, crd, defaults_crd
 from .spec import FailureReason
 from .status import ConditionType, Phase, Reason, Rung
 
@@ -28,7 +28,7 @@ _CHANGES = """\
 |---|---|
 | `spec.model`, `spec.training.globalBatchSize`, `spec.checkpoint.volume`, `spec.checkpoint.path`, `spec.checkpoint.url` | never: checkpoints and the data order depend on them |
 | `spec.image`, `imagePullPolicy`, `parallelism`, `resources`, `topology`, `data`, `env`, `priorityClassName`, `trainer`, `template`, `checkpoint.shardingType`, `checkpoint.msc`, the other `training` fields | only while the job stays suspended (`spec.suspend: true` before and after): a resize, e.g. fewer nodes with a new `data` size |
-| `spec.suspend`, `restartPolicy`, `ttlSecondsAfterFinished`, `training.trainIters`, `training.logInterval`, `profiling`, `checkpoint.saveInterval`, `keep`, `async`, `gracePeriodSeconds` | any time; pod-level settings apply from the next attempt (an attempt restarted in place keeps its pods: its ranks read the refreshed config once the kubelet has synced the mounted ConfigMap, typically within a minute, and `restartPolicy.strategy` changes how the pods' launchers handle a failed rank only for pods created after it) |
+| `spec.suspend`, `restartPolicy`, `activeDeadlineSeconds`, `ttlSecondsAfterFinished`, `training.trainIters`, `training.logInterval`, `profiling`, `checkpoint.saveInterval`, `keep`, `async`, `gracePeriodSeconds` | any time; pod-level settings apply from the next attempt (an attempt restarted in place keeps its pods: its ranks read the refreshed config once the kubelet has synced the mounted ConfigMap, typically within a minute, and `restartPolicy.strategy` changes how the pods' launchers handle a failed rank only for pods created after it) |
 
 The apiserver enforces this with CEL transition rules; the operator checks it again for objects
 that bypassed validation.
@@ -92,6 +92,53 @@ created; a refusal shows on the job as `CreateFailure` with the apiserver's mess
 """
 
 
+_DEFAULTS = """\
+## MegatronJobDefaults
+
+What a platform team writes once for every job in a namespace (short name `mjd`): the trainer
+image, env (NCCL settings), requests, node selector, tolerations, fabric, pod conventions (Multus
+annotations, image pull secrets), the trainer pods' identity and the trainer ServiceAccount's
+annotations (EKS IRSA, GKE Workload Identity). The operator's own defaults (`mjob operator
+--job-defaults FILE`: the chart's `trainerImage`, `trainerPods` and `jobDefaults` values) have the
+same fields and apply to every job.
+
+Merged in this order, each under the next: the operator's defaults, the namespace's
+MegatronJobDefaults (in name order), the job's own spec, which always wins. Maps merge key by
+key; env, volumes, containers and image pull secrets by name; tolerations are added;
+`resources.network` and `podSecurityContext` are taken whole from the most specific side that
+sets them. A field the job leaves at the API's default (`imagePullPolicy: IfNotPresent`, fabric
+`none`) counts as unset. The merged spec is validated as the job's own would be (the operator's
+env names, pod fields and labels are refused; the CRD applies the same CEL rules to a defaults
+object), and `mjob validate --defaults FILE` and `mjob render --defaults FILE` show the result.
+
+The operator resolves a job's defaults once, when it first sees the job, and records them in
+`status.defaults` (`sources`, and the merged `spec`): a later change of the defaults applies to
+new jobs only, never to a running job's next attempt. A defaults object that does not validate
+fails the jobs it would reach with `InvalidSpec` naming it; fixed, they start.
+
+```yaml
+apiVersion: megatron.dev/v1alpha1
+kind: MegatronJobDefaults
+metadata:
+  name: platform
+  namespace: team-a
+spec:
+  env: [{name: NCCL_DEBUG, value: WARN}]
+  resources:
+    requests: {cpu: "64", memory: 900Gi}
+    tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+  template:
+    spec:
+      imagePullSecrets: [{name: regcred}]
+  serviceAccount:
+    annotations: {eks.amazonaws.com/role-arn: "arn:aws:iam::111122223333:role/training"}
+```
+
+| field | type | required | default | description |
+|---|---|---|---|---|
+"""
+
+
 def _type(node: dict[str, Any]) -> str:
     if node.get("x-kubernetes-int-or-string"):
         return "int or string"
@@ -143,6 +190,10 @@ def render() -> str:
     for name, fields in RECIPES.items():
         lines.append(f"| `{name}` | `{json.dumps(fields, separators=(', ', ': '))}` |")
     lines += ["", _CHANGES, _FAILURES, _TEMPLATE]
+    defaults = defaults_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    lines += [_DEFAULTS.rstrip("\n")]
+    _rows(defaults["properties"]["spec"], "spec", lines)
+    lines.append("")
     lines += [
         "## Server-side validation",
         "",

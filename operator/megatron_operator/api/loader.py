@@ -504,6 +504,14 @@ def load_file(path: str | Path, overrides: list[str] | None = None) -> MegatronJ
     return load_job(doc, str(path))
 
 
+def field_errors(
+    exc: ValidationError, model: type[BaseModel], prefix: str = ""
+) -> list[FieldError]:
+    """The errors of validating `model` as FieldErrors (at most MAX_REPORTED), under `prefix`."""
+    out = [_field_error(e, model) for e in exc.errors()[:MAX_REPORTED]]
+    return [FieldError(f"{prefix}{e.path}", e.message) for e in out] if prefix else out
+
+
 def _path(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
@@ -514,9 +522,11 @@ def _path(loc: tuple[int | str, ...]) -> str:
     return _clip(out) or "<root>"
 
 
-def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+def _model_at(
+    loc: tuple[int | str, ...], root: type[BaseModel] = MegatronJob
+) -> type[BaseModel] | None:
     """The model class that holds the field at `loc`, for listing allowed field names."""
-    model: Any = MegatronJob
+    model: Any = root
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
@@ -539,12 +549,12 @@ def _inner_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _field_error(err: ErrorDetails) -> FieldError:
+def _field_error(err: ErrorDetails, root: type[BaseModel] = MegatronJob) -> FieldError:
     loc = tuple(err["loc"])
     path = _path(loc)
     kind = err["type"]
     if kind == "extra_forbidden":
-        model = _model_at(loc)
+        model = _model_at(loc, root)
         allowed = sorted(f.alias or n for n, f in model.model_fields.items()) if model else []
         name = str(loc[-1])
         hint = difflib.get_close_matches(name, allowed, n=1)

@@ -418,6 +418,13 @@ class NetworkSpec(ApiModel):
         description="Devices of that resource per pod: 1 for a shared RDMA device, the adapter "
         "count for EFA (4 on p4d.24xlarge, 32 on p5.48xlarge).",
     )
+    ipc_lock: bool = Field(
+        True,
+        description="Add the IPC_LOCK capability (RDMA registration pins memory), which only "
+        "Pod Security's privileged level allows. false where the nodes' container runtime "
+        "raises RLIMIT_MEMLOCK for every container (e.g. containerd's LimitMEMLOCK=infinity): "
+        "the pods then pass the restricted level.",
+    )
 
 
 class ResourcesSpec(ApiModel):
@@ -793,7 +800,13 @@ class ProfilingSpec(ApiModel):
 class MegatronJobSpec(ApiModel):
     """Desired state of a MegatronJob."""
 
-    image: str = Field(min_length=1, max_length=1024, description="Trainer container image.")
+    image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description="Trainer container image. Unset: the platform's (a MegatronJobDefaults "
+        "image, or the operator's trainer image, the chart's trainerImage).",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="Image pull policy of the trainer container."
     )
@@ -827,6 +840,14 @@ class MegatronJobSpec(ApiModel):
     )
     priority_class_name: DnsSubdomain | None = Field(None, description="PriorityClass of the pods.")
     suspend: bool = Field(False, description="true deletes the pods (they checkpoint first).")
+    active_deadline_seconds: Seconds | None = Field(
+        None,
+        ge=1,
+        description="Wall-clock limit, as SLURM's --time: the job fails with reason "
+        "DeadlineExceeded (its pods stopped, checkpointing within their grace period) this long "
+        "after status.startTime, whatever its restarts and suspensions. May change at any "
+        "time." + _DAYS,
+    )
     ttl_seconds_after_finished: Seconds | None = Field(
         None, description="Delete the job this long after it Succeeded or Failed." + _DAYS
     )

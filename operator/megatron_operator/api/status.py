@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from .base import ApiModel
+from .defaults import AppliedDefaults
 
 
 class Phase(StrEnum):
@@ -80,6 +81,10 @@ class Reason(StrEnum):
     ALL_PODS_STARTED = "AllPodsStarted"
     STARTING = "Starting"  # no pod reports a problem; not all are Running yet
     ATTEMPT_FAILED = "AttemptFailed"  # one event per failed attempt, naming every failed rank
+    DEADLINE_EXCEEDED = "DeadlineExceeded"  # spec.activeDeadlineSeconds passed
+    # A queue label while the operator runs without Kueue: held, never run outside the quota.
+    QUEUE_UNAVAILABLE = "KueueDisabled"
+    NO_QUEUE = "QueueLabelRequired"  # the operator requires a queue label (--require-queue)
 
 
 class EventType(StrEnum):
@@ -233,4 +238,9 @@ class MegatronJobStatus(ApiModel):
         max_length=16,
         description="Failed pods kept for their logs (restartPolicy.keepFailedPods), oldest "
         "first: `kubectl logs` of one shows why its attempt failed.",
+    )
+    defaults: AppliedDefaults | None = Field(
+        None,
+        description="The platform's defaults merged under the spec (MegatronJobDefaults and "
+        "the operator's own), resolved once when the job was first seen.",
     )

@@ -46,6 +46,59 @@ def load_and_plan(path: str, overrides: list[str]) -> tuple[MegatronJob, Plan]:
     return job, plan(job.spec)
 
 
+def add_defaults_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--defaults",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="merge a MegatronJobDefaults (or the operator's --job-defaults file) under the "
+        "spec, as the operator would (repeatable, least specific first)",
+    )
+
+
+def read_defaults(files: list[str]) -> dict[str, Any]:
+    """The merged defaults of `--defaults` files (core/defaults.py), validated: a
+    MegatronJobDefaults object or a bare spec of one."""
+    from megatron_operator.api import SpecError, read_file
+    from megatron_operator.core.defaults import Layer, resolve
+
+    layers = []
+    for name in files:
+        doc = read_file(name)
+        spec = doc.get("spec", {}) if doc.get("kind") == "MegatronJobDefaults" else doc
+        layers.append(Layer(name, spec if isinstance(spec, dict) else {}))
+    record, errors = resolve(layers)
+    if errors:
+        raise SpecError(errors)
+    return dict(record["spec"]) if record else {}
+
+
+def load_resolved(
+    path: str, overrides: list[str], defaults_files: list[str], note: Any = None
+) -> tuple[MegatronJob, Plan, dict[str, Any]]:
+    """Load a spec with the platform's defaults merged under it, as the operator would, and
+    plan it; returns the merged defaults too. `note` (a print function) says where the image
+    of a job that names none comes from."""
+    from megatron_operator.api import apply_overrides, load_job, read_file
+    from megatron_operator.core.defaults import DEFAULT_TRAINER_IMAGE, apply
+
+    merged = read_defaults(defaults_files)
+    doc = read_file(path)
+    if overrides:
+        doc = apply_overrides(doc, overrides)
+    if merged and isinstance(doc.get("spec"), dict):
+        doc = {**doc, "spec": apply(doc["spec"], merged)}
+    job = load_job(doc, path)
+    if job.spec.image is None and note is not None:
+        note(
+            f"note: spec.image is unset: the pods run the platform's trainer image (the chart's "
+            f"trainerImage, or a MegatronJobDefaults image; --defaults FILE shows yours), else "
+            f"{DEFAULT_TRAINER_IMAGE}"
+        )
+    return job, plan(job.spec), merged
+
+
 def dump(obj: Any, fmt: str) -> str:
     """`json` or `yaml` text of a document, ending in a newline."""
     if fmt == "json":

@@ -99,6 +99,20 @@ def register(sub: Any) -> None:
         "after a job: a job re-created with the same name reuses only a claim whose seal checks "
         "out; without it, a retained claim is recognised by its labels",
     )
+    p.add_argument(
+        "--require-queue-label",
+        action="store_true",
+        help="hold every job that names no Kueue LocalQueue (label kueue.x-k8s.io/queue-name), "
+        "so that nothing runs outside a queue's quota",
+    )
+    p.add_argument(
+        "--job-defaults",
+        default=None,
+        metavar="FILE",
+        help="defaults every job inherits (a MegatronJobDefaults spec, YAML or JSON: trainer "
+        "image, env, tolerations, pod identity, ServiceAccount annotations, ...), under each "
+        "namespace's MegatronJobDefaults and the job's own spec",
+    )
     p.add_argument("--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_operator)
 
@@ -148,6 +162,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from megatron_operator.cluster.metrics import Metrics
     from megatron_operator.core.reconcile import Settings
 
+    job_defaults = _job_defaults(args.job_defaults) if args.job_defaults else None
     claim_key = _claim_key(args.claim_key_file) if args.claim_key_file else None
     kube = Kube.connect(workers=args.workers)
     kube.claim_key = claim_key
@@ -158,10 +173,19 @@ def cmd_operator(args: argparse.Namespace) -> int:
         )
     queues = _queues(kube, args.kueue, tuple(args.namespace))
     metrics = Metrics()
+    if args.require_queue_label and queues is None:
+        raise CliError(
+            "--require-queue-label needs the Kueue integration (--kueue on, the chart's "
+            "kueue.enabled=true): without it every job would wait",
+            EXIT_INVALID,
+        )
     settings = Settings(
-        node_lost_grace_seconds=args.node_lost_grace_seconds, network_policy=args.network_policy
+        node_lost_grace_seconds=args.node_lost_grace_seconds,
+        network_policy=args.network_policy,
+        without_kueue=queues is None,
+        require_queue=args.require_queue_label,
     )
-    controller = Controller(kube, metrics, settings, queues=queues)
+    controller = Controller(kube, metrics, settings, queues=queues, job_defaults=job_defaults)
     runtime = handlers.Runtime(controller=controller, namespaces=tuple(args.namespace))
     if args.health_port:
         health.serve_health(args.health_port, runtime.health)
@@ -186,6 +210,18 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def _job_defaults(path: str) -> dict[str, Any]:
+    """The --job-defaults file, validated as a MegatronJobDefaults spec."""
+    from megatron_operator.api import SpecError
+    from megatron_operator.cli.common import read_defaults
+
+    try:
+        return read_defaults([path])
+    except SpecError as exc:
+        problems = "; ".join(str(e) for e in exc.errors)
+        raise CliError(f"--job-defaults {path}: {problems}", EXIT_INVALID) from None
+
+
 def _claim_key(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
@@ -202,12 +238,13 @@ def _claim_key(path: str) -> bytes:
 
 def _queues(kube: Kube, mode: str, namespaces: tuple[str, ...]) -> Queues | None:
     """The Kueue integration (cluster.workloads.Queues), or None: `--kueue off`, or `auto` on a
-    cluster that does not serve Kueue's v1beta2 Workloads (then the queue label is ignored)."""
+    cluster that does not serve Kueue's v1beta2 Workloads (then a job naming a LocalQueue waits,
+    its Admitted condition saying why: it never runs outside the queue's quota)."""
     from megatron_operator.cluster.workloads import Queues, kueue_installed, kueue_permitted
 
     log = logging.getLogger("megatron_operator.kueue")
     if mode == "off":
-        log.info("Kueue integration off (--kueue off): the queue label is ignored")
+        log.info("Kueue integration off (--kueue off): jobs naming a LocalQueue wait")
         return None
     try:
         installed = kueue_installed(kube)
@@ -228,8 +265,8 @@ def _queues(kube: Kube, mode: str, namespaces: tuple[str, ...]) -> Queues | None
             )
         if missing:
             log.warning(
-                "Kueue is installed but the operator may not %s (--kueue auto): the queue "
-                "label is ignored; grant the RBAC (the chart's kueue.enabled=true) to queue jobs",
+                "Kueue is installed but the operator may not %s (--kueue auto): jobs naming a "
+                "LocalQueue wait; grant the RBAC (the chart's kueue.enabled=true) to queue them",
                 ", ".join(missing),
             )
             return None
@@ -241,5 +278,5 @@ def _queues(kube: Kube, mode: str, namespaces: tuple[str, ...]) -> Queues | None
             "Kueue 0.16 or newer, or run with --kueue auto|off",
             EXIT_INVALID,
         )
-    log.info("Kueue is not installed (--kueue auto): the queue label is ignored")
+    log.info("Kueue is not installed (--kueue auto): jobs naming a LocalQueue wait")
     return None

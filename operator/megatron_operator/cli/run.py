@@ -105,9 +105,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     train = job.spec.training
     display = make_display(job.name, train.train_iters if train else None)
+    image = f"spec.image ({job.spec.image})" if job.spec.image else "the trainer image"
     display.event(
-        f"note: spec.image ({job.spec.image}) is ignored locally: each pod runs as a process "
-        f"group with {sys.executable}"
+        f"note: {image} is ignored locally: each pod runs as a process group with {sys.executable}"
     )
     for note in local_notes(job):
         display.event(f"note: {note}")

@@ -6,11 +6,25 @@ import argparse
 import sys
 from typing import Any
 
-from megatron_operator.cli.common import EXIT_INVALID, CliError, add_spec_args, dump, load_and_plan
+from megatron_operator.cli.common import (
+    EXIT_INVALID,
+    CliError,
+    add_defaults_arg,
+    add_spec_args,
+    dump,
+    load_and_plan,
+    load_resolved,
+)
+
+
+def _note(text: str) -> None:
+    print(text, file=sys.stderr)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    job, p = load_and_plan(args.file, args.overrides)
+    from megatron_operator.core.advice import warnings
+
+    job, p, _ = load_resolved(args.file, args.overrides, args.defaults)
     memory = (
         f"~{p.memory.per_gpu_gib:.1f} GiB per GPU"
         if p.memory is not None
@@ -21,6 +35,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"{args.file}: MegatronJob {job.name} is valid: {p.layout_string()} on {p.nodes} × "
         f"{p.procs_per_node} ({p.world_size} ranks), {memory}{runs}"
     )
+    for w in warnings(job.spec):
+        print(f"  warning: {w}")
     return 0
 
 
@@ -103,8 +119,11 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     if args.restart_attempt < 0:
         raise CliError("--restart-attempt must be 0 or more", EXIT_INVALID)
-    job, p = load_and_plan(args.file, args.overrides)
-    write_list(render_iter(job, p, args.restart_attempt), args.output, sys.stdout.write)
+    from megatron_operator.core.defaults import platform
+
+    job, p, merged = load_resolved(args.file, args.overrides, args.defaults, _note)
+    objs = render_iter(job, p, args.restart_attempt, platform=platform(merged))
+    write_list(objs, args.output, sys.stdout.write)
     return 0
 
 
@@ -116,8 +135,11 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("validate", help="check a spec; exit 2 with every problem")
+    p = sub.add_parser(
+        "validate", help="check a spec; exit 2 with every problem, warn on likely mistakes"
+    )
     add_spec_args(p)
+    add_defaults_arg(p)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("plan", help="print the rank→node plan and memory estimate")
@@ -136,6 +158,7 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("render", help="print the Kubernetes objects the operator creates")
     add_spec_args(p)
+    add_defaults_arg(p)
     p.add_argument("--restart-attempt", type=int, default=0, metavar="N")
     p.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
     p.set_defaults(func=cmd_render)

@@ -121,6 +121,10 @@ def describe(job: Obj, pods: list[Obj], events: list[Obj]) -> str:
             out.append(f"  {what} {st[key]}")
     if st.get("localQueue"):
         out.append(f"  queue {st['localQueue']} ({st.get('clusterQueue', 'not admitted')})")
+    defaults = st.get("defaults")
+    if isinstance(defaults, dict) and defaults.get("sources"):
+        fields = ", ".join(sorted((defaults.get("spec") or {}).keys()))
+        out.append(f"  defaults from {', '.join(map(str, defaults['sources']))}: {fields}")
     failure = st.get("lastFailure")
     if isinstance(failure, dict):
         where = failure.get("pod", "-") + (f" on {failure['node']}" if failure.get("node") else "")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from megatron_operator.api.defaults import OPERATOR_SOURCE
 from megatron_operator.api.managedby import Manager, manager_of_job
 from megatron_operator.cluster.errors import ApiError, ErrorKind, classify
 from megatron_operator.cluster.events import EventLimiter
@@ -25,6 +26,7 @@ from megatron_operator.cluster.ratelimit import ProgressLimiter
 from megatron_operator.cluster.watch import PodCache
 from megatron_operator.cluster.workloads import Queues
 from megatron_operator.core.backoff import Backoff
+from megatron_operator.core.defaults import Layer
 from megatron_operator.core.multikueue import reconcile_dispatched
 from megatron_operator.core.names import progress_lease_name
 from megatron_operator.core.observe import PodView, lease_view, parse_time, pod_view
@@ -83,8 +85,11 @@ class Controller:
         backoff: Backoff = API_BACKOFF,
         queues: Queues | None = None,
         decide: Decide = reconcile,
+        job_defaults: Mapping[str, Any] | None = None,
     ) -> None:
         self.kube = kube
+        # The operator's own defaults (--job-defaults), under every namespace's MegatronJobDefaults.
+        self.job_defaults = dict(job_defaults or {})
         self.decide = decide
         self.metrics = metrics
         self.settings = settings or Settings()
@@ -262,7 +267,22 @@ class Controller:
             ),
             queue=self.queues.observe(job) if self.queues is not None else None,
             progress_not_before=self.progress.not_before((namespace, name)),
+            defaults=self._defaults(job),
         )
+
+    def _defaults(self, job: Mapping[str, Any]) -> tuple[Layer, ...] | None:
+        """The defaults in the job's scope, only while it has recorded none and not started
+        (one LIST per new job: core/reconcile.py records them in status.defaults)."""
+        status = job.get("status")
+        if isinstance(status, Mapping) and ("defaults" in status or "startTime" in status):
+            return None
+        namespace = str(job["metadata"]["namespace"])
+        layers = [Layer(OPERATOR_SOURCE, self.job_defaults)] if self.job_defaults else []
+        for obj in self.kube.list_job_defaults(namespace):
+            spec = obj.get("spec")
+            name = str((obj.get("metadata") or {}).get("name", ""))
+            layers.append(Layer(f"{namespace}/{name}", spec if isinstance(spec, Mapping) else {}))
+        return tuple(layers)
 
     def _reconcile(
         self, namespace: str, name: str, nodes: NodeLookup | None, uid: str | None

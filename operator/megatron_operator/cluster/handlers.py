@@ -36,6 +36,7 @@ from megatron_operator.cluster.watch import (
     node_watcher,
     pod_watchers,
 )
+from megatron_operator.core.kueue import LABEL_QUEUE_NAME
 from megatron_operator.core.names import DOMAIN, FINALIZER
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,9 @@ class Runtime:
     watchers: list[Watcher] = field(default_factory=list)
     pool: ThreadPoolExecutor | None = None
     loops: JobLoops | None = None  # made at start-up, on kopf's asyncio loop
-    generations: dict[tuple[str, str], int | None] = field(default_factory=dict)
+    # Per job, what wakes its loop when it changes: the spec's generation and the queue label (a
+    # job held for its label, core/reconcile.py, starts when the label changes).
+    generations: dict[tuple[str, str], tuple[int | None, str | None]] = field(default_factory=dict)
     health: Health = field(default_factory=Health)
     elector: LeaderElector | None = None  # None: no leader election (one replica)
     heartbeat: asyncio.Task[None] | None = None
@@ -268,10 +271,10 @@ async def job_changed(
         runtime.loops.gone(namespace, name, uid)
         await cleanup(runtime, namespace, name, uid, status)
         return
-    generation = meta.get("generation")
+    seen = (meta.get("generation"), (meta.get("labels") or {}).get(LABEL_QUEUE_NAME))
     mirrored = manager_of(spec.get("managedBy")) is Manager.MULTIKUEUE
-    if key not in runtime.generations or runtime.generations[key] != generation or mirrored:
-        runtime.generations[key] = generation
+    if key not in runtime.generations or runtime.generations[key] != seen or mirrored:
+        runtime.generations[key] = seen
         runtime.loops.ensure(namespace, name, uid)
 
 

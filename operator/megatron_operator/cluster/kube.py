@@ -20,6 +20,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from megatron_operator.api.defaults import PLURAL as DEFAULTS_PLURAL
 from megatron_operator.api.job import GROUP, KIND, PLURAL, VERSION
 from megatron_operator.cluster.gangcalls import FairPool, slow_start
 from megatron_operator.core.names import LABEL_JOB_NAME, MANAGED_BY, SPEC_KEY, config_map_name
@@ -102,6 +103,7 @@ class Kube:
         self.gang = FairPool(workers)
         # Seals the checkpoint claims we create without a controller (core/ownership.py).
         self.claim_key: bytes | None = None
+        self._defaults_unreadable = False  # warned once that MegatronJobDefaults are unreadable
 
     @classmethod
     def connect(cls, workers: int = 32) -> Kube:
@@ -190,6 +192,34 @@ class Kube:
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
+
+    # --- MegatronJobDefaults
+    def list_job_defaults(self, namespace: str) -> list[Obj]:
+        """The namespace's MegatronJobDefaults, by name; none where the cluster has no such CRD
+        or the operator may not read them (an older chart's RBAC): jobs then run on their own
+        spec and the operator's defaults, as before the kind existed."""
+        try:
+            doc = call_json(
+                self.custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                DEFAULTS_PLURAL,
+            )
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                if not self._defaults_unreadable:
+                    log.warning(
+                        "cannot list %s (%s %s): jobs get only the operator's defaults",
+                        DEFAULTS_PLURAL,
+                        exc.status,
+                        exc.reason,
+                    )
+                self._defaults_unreadable = True
+                return []
+            raise
+        items = [i for i in doc.get("items") or [] if isinstance(i, dict)]
+        return sorted(items, key=lambda i: str((i.get("metadata") or {}).get("name", "")))
 
     # --- pods
     def list_pods(self, namespace: str, job: str) -> list[Obj]:

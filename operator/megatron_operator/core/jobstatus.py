@@ -80,6 +80,7 @@ class JobStatus:
     cluster_queue: str | None = None
     flavors: list[str] | None = None
     kept_pods: list[str] | None = None  # failed pods kept for their logs, oldest first
+    defaults: dict[str, Any] | None = None  # the merged defaults, resolved once (core/defaults)
     extra: dict[str, Any] = field(default_factory=dict)  # keys we do not know, kept as they were
 
     @classmethod
@@ -121,6 +122,7 @@ class JobStatus:
             cluster_queue=_text(doc.get("clusterQueue")),
             flavors=_texts(doc.get("flavors")),
             kept_pods=_texts(doc.get("keptPods")),
+            defaults=_dict(doc.get("defaults")),
             extra={k: copy.deepcopy(v) for k, v in doc.items() if k not in known},
         )
 

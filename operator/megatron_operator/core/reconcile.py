@@ -36,6 +36,7 @@ from megatron_operator.api import FieldError, MegatronJob, MegatronJobSpec, Spec
 from megatron_operator.api.status import ConditionType, EventType, Phase, Reason, Rung
 from megatron_operator.api.transitions import check_update
 from megatron_operator.core import churn, ladder
+from megatron_operator.core import defaults as job_defaults
 from megatron_operator.core.conditions import reason_of, set_condition, since
 from megatron_operator.core.failures import (
     Nodes,
@@ -46,6 +47,7 @@ from megatron_operator.core.failures import (
     startup_timeout,
 )
 from megatron_operator.core.jobstatus import BadJobData, JobStatus, shift
+from megatron_operator.core.kueue import LABEL_QUEUE_NAME, queue_name
 from megatron_operator.core.names import MASTER_NODE_RANK, pod_name
 from megatron_operator.core.observe import LeaseView, PodView, Progress, format_time, parse_time
 from megatron_operator.core.planner import Plan, plan
@@ -71,6 +73,10 @@ class Settings:
     node_lost_grace_seconds: float = 30.0  # NotReady this long = the node is lost
     resync_seconds: float = 60.0  # reconcile at least this often
     network_policy: bool = False  # render the per-job NetworkPolicy (--network-policy)
+    # The operator runs without Kueue: a job naming a LocalQueue waits, never runs outside
+    # its quota (the shell's --kueue off, or auto without Kueue).
+    without_kueue: bool = False
+    require_queue: bool = False  # a job must name a LocalQueue (--require-queue-label)
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,9 @@ class World:
     progress_not_before: datetime | None = None
     # The job names a Kueue LocalQueue (and the operator runs with Kueue): its Workload.
     queue: QueueWorld | None = None
+    # The platform's defaults in the job's scope (core/defaults.py), least specific first; the
+    # shell looks them up only for a job that has not recorded its own yet (status.defaults).
+    defaults: tuple[job_defaults.Layer, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -134,10 +143,13 @@ def _strip(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _validate(
-    world: World, phase: Phase | None
+    world: World, phase: Phase | None, defaults: Mapping[str, Any] | None = None
 ) -> tuple[MegatronJob | None, Plan | None, list[FieldError]]:
+    doc = _strip(world.job)
+    if defaults and isinstance(doc.get("spec"), Mapping):
+        doc["spec"] = job_defaults.apply(doc["spec"], defaults)
     try:
-        job = load_job(_strip(world.job))
+        job = load_job(doc)
         p = plan(job.spec)
     except SpecError as exc:
         return None, None, exc.errors
@@ -181,6 +193,7 @@ class _Machine:
         # no resync either (only its deadlines, e.g. the TTL). The shell ends the job's loop.
         self.quiet = False
         self.current: list[PodView] = []  # the gang's pods, once `active` sorted them
+        self.platform = job_defaults.Platform()  # what only the defaults say (render.py)
 
     # --- helpers
     def cond(self, type_: ConditionType, status: bool, reason: str, message: str = "") -> bool:
@@ -260,9 +273,27 @@ class _Machine:
         self.event(kind, reason, message)
 
     # --- the steps
+    def resolve_defaults(self) -> list[FieldError]:
+        """Record the platform's defaults once, before the job first starts (status.defaults):
+        a later change of them never reaches a running job's next attempt."""
+        if self.st.defaults is not None or self.st.start_time is not None:
+            return []
+        if self.w.defaults is None:
+            return []  # not looked up
+        record, errors = job_defaults.resolve(self.w.defaults)
+        if not errors:
+            # Recorded even when empty: the shell then looks no more.
+            self.st.defaults = record if record is not None else {"sources": []}
+        return errors
+
     def run(self) -> Outcome:
         judged = self.st.observed_generation  # the spec generation the status speaks of
-        job, p, errors = _validate(self.w, self.st.phase)
+        problems = self.resolve_defaults()
+        merged = job_defaults.recorded_spec(self.st.defaults)
+        self.platform = job_defaults.platform(merged)
+        job, p, errors = _validate(self.w, self.st.phase, merged)
+        if problems:
+            job, p, errors = None, None, problems
         if self.w.rejection is not None:
             errors = [FieldError("spec", f"{REJECTED} {self.w.rejection}")]
             # The apiserver's own words, as for any refusal (a template's field it validates).
@@ -290,6 +321,8 @@ class _Machine:
         if self.st.phase in (Phase.SUCCEEDED, Phase.FAILED):
             self.terminal(job, self.st.phase)
             return self.done()
+        if self.past_deadline(job):
+            return self.done()
         if job.spec.suspend:
             self.suspend()
             if self.queue is not None:
@@ -297,6 +330,8 @@ class _Machine:
             return self.done()
         if self.st.phase == Phase.SUSPENDED:
             self.resume(job)
+        if self.queue is None and self.held(job):
+            return self.done()
         if self.queue is not None and not self.queue.gate(job, p, self.w.pods):
             return self.done()  # Queued: no pod runs until Kueue admits the Workload
         self.active(job, p)
@@ -304,6 +339,66 @@ class _Machine:
             self.copy_progress(job, final=True)  # the last steps, even inside the copy limit
             self.ttl(job)  # it just finished: schedule the TTL now, not at the next resync
         return self.done()
+
+    def held(self, job: MegatronJob) -> bool:
+        """A job that may not start here: it names a LocalQueue while the operator runs without
+        Kueue (running it would bypass the queue's quota), or it names none where the operator
+        requires one. It waits in phase Queued, its Admitted condition saying why, until its
+        label changes. A job that has started already is never stopped for it."""
+        queue = queue_name(job)
+        why: tuple[str, str] | None = None
+        if queue is not None and self.s.without_kueue:
+            why = (
+                Reason.QUEUE_UNAVAILABLE,
+                f"the job names the LocalQueue {queue} (label {LABEL_QUEUE_NAME}), but this "
+                "operator runs without Kueue (the chart's kueue.enabled=false): it waits rather "
+                "than run outside the queue's quota; turn the integration on, or remove the "
+                "label to run it unqueued",
+            )
+        elif queue is None and self.s.require_queue:
+            why = (
+                Reason.NO_QUEUE,
+                f"this cluster runs jobs through Kueue only: add the label {LABEL_QUEUE_NAME} "
+                "naming your team's LocalQueue (kubectl get localqueues)",
+            )
+        if self.st.start_time is not None and self.st.phase != Phase.QUEUED:
+            why = None  # started already: not stopped for it
+        held = self.st.phase == Phase.QUEUED and reason_of(self.st.conditions, C.ADMITTED) in (
+            Reason.QUEUE_UNAVAILABLE,
+            Reason.NO_QUEUE,
+        )
+        if why is None:
+            if held:  # released: it starts as a new job would
+                self.st.phase = None
+                self.st.conditions = [c for c in self.st.conditions if c.get("type") != C.ADMITTED]
+            return False
+        reason, message = why
+        self.st.phase = Phase.QUEUED
+        if self.cond(C.ADMITTED, False, reason, message):
+            self.event(EventType.WARNING, reason, message)
+        self.delete(self.pods)
+        self.quiet = not self.pods
+        return True
+
+    def past_deadline(self, job: MegatronJob) -> bool:
+        """spec.activeDeadlineSeconds since status.startTime: past it the job fails, and its
+        pods are deleted with their grace period (the trainer checkpoints on SIGTERM)."""
+        limit = job.spec.active_deadline_seconds
+        started = parse_time(self.st.start_time)
+        if limit is None or started is None:
+            return False
+        end = shift(started, limit, "status.startTime")
+        if self.now < end:
+            self.deadlines.append(end)
+            return False
+        self.finish(
+            Phase.FAILED,
+            Reason.DEADLINE_EXCEEDED,
+            f"spec.activeDeadlineSeconds ({limit} s) passed: the job started at "
+            f"{self.st.start_time}; its pods are stopped",
+        )
+        self.terminal(job, Phase.FAILED)
+        return True
 
     def rejected(self) -> bool:
         """Failed because the apiserver refused the pods the spec renders (a 422)."""
@@ -552,16 +647,17 @@ class _Machine:
             if self.st.gang < n:
                 # Released in place: refresh the ConfigMap, so a spec changed since (trainIters,
                 # saveInterval) reaches the ranks once the kubelet syncs the mounted file.
-                self.out.create = children(job, p, isolate=isolate)
+                self.out.create = children(job, p, isolate=isolate, platform=self.platform)
             return
         if any(x.active for x in stale):
             # An older attempt's live pod holds the same hostname (MASTER_ADDR) until it stops.
             return
         # Only the pods to create are rendered: a huge job never sits in memory whole.
-        created = [pod(job, p, r, n) for r in missing]
+        created = [pod(job, p, r, n, self.platform) for r in missing]
         if self.queue is not None:
             created = self.queue.admitted_pods(created)
-        self.out.create = [*children(job, p, isolate=isolate), *created] if created else []
+        made = children(job, p, isolate=isolate, platform=self.platform)
+        self.out.create = [*made, *created] if created else []
 
     def blocked(self, conflict: str) -> None:
         """A child's name is taken by someone else's object: create nothing, and say so once."""

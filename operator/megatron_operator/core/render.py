@@ -29,6 +29,7 @@ from megatron_contract.paths import (
 from megatron_operator.api.job import API_VERSION, GROUP, KIND, PLURAL, MegatronJob
 from megatron_operator.api.spec import EnvVar, MegatronJobSpec
 from megatron_operator.core import network
+from megatron_operator.core.defaults import DEFAULT_TRAINER_IMAGE, Platform
 from megatron_operator.core.names import (
     ANNOTATION_LAYOUT,
     ANNOTATION_RESTART_STRATEGY,
@@ -195,18 +196,25 @@ def progress_lease(job: MegatronJob) -> Obj:
     }
 
 
-def trainer_rbac(job: MegatronJob) -> list[Obj]:
+_PLATFORM = Platform()
+
+
+def trainer_rbac(job: MegatronJob, platform: Platform = _PLATFORM) -> list[Obj]:
     """A ServiceAccount whose Role can write only this job's progress Lease and read (and
     watch) only this job, and nothing else: no pod verb at all, so user code cannot relabel its
     pod into a Service or another gang, and no status write, so it cannot forge a decision of
     the operator. The coordinator (the launcher of node rank 0) watches the job for the restart
     ladder's decisions (docs/architecture.md)."""
     name = trainer_account_name(job.name)
+    account = _meta(job, name)
+    if platform.service_account_annotations:
+        # The platform's cloud identity (EKS IRSA, GKE Workload Identity): MegatronJobDefaults.
+        account["annotations"] = dict(platform.service_account_annotations)
     return [
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
-            "metadata": _meta(job, name),
+            "metadata": account,
             "automountServiceAccountToken": True,
         },
         {
@@ -329,6 +337,8 @@ def _needs_ipc_lock(job: MegatronJob) -> bool:
     # Only a positive request counts: `rdma/ib: 0` asks for no device, and IPC_LOCK would fail
     # the pod's baseline Pod Security level for nothing.
     r = job.spec.resources
+    if not r.network.ipc_lock:
+        return False  # the runtime raises RLIMIT_MEMLOCK instead (resources.network.ipcLock)
     entries = [*r.requests.items(), *r.limits.items()]
     rdma = any(k.startswith("rdma/") and _positive(v) for k, v in entries)
     return rdma or network.needs_ipc_lock(job.spec)
@@ -440,7 +450,24 @@ def restart_strategy(job: MegatronJob) -> str:
     return "Recreate" if job.spec.trainer is not None else job.spec.restart_policy.strategy
 
 
-def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
+def _pod_security(platform: Platform) -> Obj:
+    ids = {
+        "runAsUser": platform.run_as_user,
+        "runAsGroup": platform.run_as_group,
+        "fsGroup": platform.fs_group,
+    }
+    out: Obj = {"runAsNonRoot": True, **{k: v for k, v in ids.items() if v is not None}}
+    if platform.fs_group is not None:
+        # Without it the kubelet chowns the whole checkpoint volume (terabytes) at every
+        # start; with it, only when the volume's root is not already ours.
+        out["fsGroupChangePolicy"] = "OnRootMismatch"
+    out["seccompProfile"] = {"type": "RuntimeDefault"}
+    return out
+
+
+def pod(
+    job: MegatronJob, plan: Plan, node_rank: int, attempt: int, platform: Platform = _PLATFORM
+) -> Obj:
     """One node's pod, with spec.template laid over it (core/overlay.py)."""
     s = job.spec
     volumes, mounts = _volumes(job)
@@ -449,7 +476,8 @@ def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
         caps["add"] = ["IPC_LOCK"]
     container: Obj = {
         "name": CONTAINER_NAME,
-        "image": s.image,
+        # Unset once the platform's defaults are merged (core/defaults.py): the built-in name.
+        "image": s.image or DEFAULT_TRAINER_IMAGE,
         "imagePullPolicy": s.image_pull_policy,
         "command": ["python", "-m", "megatron_trainer"],
         # The trainer writes why it stopped to the termination log; a crash that writes nothing
@@ -477,16 +505,7 @@ def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
         # Time for the trainer to save a checkpoint after SIGTERM.
         "terminationGracePeriodSeconds": s.checkpoint.grace_period_seconds,
         "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
-            "fsGroup": 1000,
-            # Without it the kubelet chowns the whole checkpoint volume (terabytes) at every
-            # start; with it, only when the volume's root is not already ours.
-            "fsGroupChangePolicy": "OnRootMismatch",
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _pod_security(platform),
         "affinity": _affinity(job),
         "containers": [container],
         "volumes": volumes,
@@ -510,14 +529,21 @@ def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
     return overlay(rendered, s.template)
 
 
-def pods(job: MegatronJob, plan: Plan, attempt: int) -> list[Obj]:
-    return [pod(job, plan, n, attempt) for n in range(plan.nodes)]
+def pods(job: MegatronJob, plan: Plan, attempt: int, platform: Platform = _PLATFORM) -> list[Obj]:
+    return [pod(job, plan, n, attempt, platform) for n in range(plan.nodes)]
 
 
-def children(job: MegatronJob, plan: Plan, *, isolate: bool = False) -> list[Obj]:
+def children(
+    job: MegatronJob, plan: Plan, *, isolate: bool = False, platform: Platform = _PLATFORM
+) -> list[Obj]:
     """The children other than pods, in creation order: identity, progress Lease, config,
     Service, claim, and with `isolate` the NetworkPolicy (the operator's --network-policy)."""
-    objs: list[Obj] = [*trainer_rbac(job), progress_lease(job), config_map(job, plan), service(job)]
+    objs: list[Obj] = [
+        *trainer_rbac(job, platform),
+        progress_lease(job),
+        config_map(job, plan),
+        service(job),
+    ]
     if isolate:
         objs.append(network_policy(job))
     claim = pvc(job)
@@ -526,19 +552,34 @@ def children(job: MegatronJob, plan: Plan, *, isolate: bool = False) -> list[Obj
     return objs
 
 
-def render(job: MegatronJob, plan: Plan, attempt: int = 0, *, isolate: bool = False) -> list[Obj]:
+def render(
+    job: MegatronJob,
+    plan: Plan,
+    attempt: int = 0,
+    *,
+    isolate: bool = False,
+    platform: Platform = _PLATFORM,
+) -> list[Obj]:
     """Every child object, in creation order: identity and config first, then pods."""
-    return [*children(job, plan, isolate=isolate), *pods(job, plan, attempt)]
+    return [
+        *children(job, plan, isolate=isolate, platform=platform),
+        *pods(job, plan, attempt, platform),
+    ]
 
 
 def render_iter(
-    job: MegatronJob, plan: Plan, attempt: int = 0, *, isolate: bool = False
+    job: MegatronJob,
+    plan: Plan,
+    attempt: int = 0,
+    *,
+    isolate: bool = False,
+    platform: Platform = _PLATFORM,
 ) -> Iterator[Obj]:
     """`render`, one object at a time: `mjob render` of a 4,096-pod job writes each pod as it is
     rendered instead of holding them all (and their YAML) in memory."""
-    yield from children(job, plan, isolate=isolate)
+    yield from children(job, plan, isolate=isolate, platform=platform)
     for n in range(plan.nodes):
-        yield pod(job, plan, n, attempt)
+        yield pod(job, plan, n, attempt, platform)
 
 
 def as_list(objs: list[Obj]) -> Obj:
