@@ -275,7 +275,8 @@ def test_the_coordinator_drops_what_is_not_the_protocol(gang: Gang) -> None:
 KILL_SCRIPT = r"""
 import json, os, sys, time
 from pathlib import Path
-from megatron_trainer.agent.ranks import RankProcesses, become_subreaper, descendants
+from megatron_trainer.agent.procs import become_subreaper, descendants
+from megatron_trainer.agent.ranks import RankProcesses
 
 ready = Path(sys.argv[1])
 become_subreaper()  # as the launcher: an orphaned helper is re-parented to this process

@@ -48,7 +48,8 @@ ZYGOTE = textwrap.dedent(
 LAUNCHER = textwrap.dedent(
     """
     import json, os, sys, time
-    from megatron_trainer.agent.ranks import RankProcesses, become_subreaper
+    from megatron_trainer.agent.procs import become_subreaper
+    from megatron_trainer.agent.ranks import RankProcesses
     become_subreaper()
     nproc, exits = int(sys.argv[1]), json.loads(sys.argv[2])
     cold = [sys.executable, "-c", "import sys; sys.exit(7)"]

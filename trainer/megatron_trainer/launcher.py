@@ -43,15 +43,15 @@ from megatron_contract.ladder import IN_PLACE
 from megatron_contract.paths import TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 
 from . import profilers
-from .agent.ranks import (
+from .agent.procs import (
     _PR_SET_CHILD_SUBREAPER,
-    Forked,
     _die_with_parent,
     descendants,
     exit_code,
     prctl,
     send,
 )
+from .agent.ranks import Forked
 from .agent.zygote import Zygote
 from .decisions import CUDA_DEVICE_MAX_CONNECTIONS, cuda_env_defaults
 from .forward import Forwarder, progress_log_path

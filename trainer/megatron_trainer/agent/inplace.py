@@ -19,7 +19,8 @@ from megatron_contract.env import RuntimeEnv
 from .agent import Agent
 from .coordinator import Coordinator
 from .kubeapi import Api
-from .ranks import EnvFor, RankProcesses, Wrap, become_subreaper
+from .procs import become_subreaper
+from .ranks import EnvFor, RankProcesses, Wrap
 from .sources import FileSink, JobWatch, LeaseSink, Sink, Source, StatusFile
 
 COORDINATOR_NODE_RANK = 0  # the pod behind MASTER_ADDR; losing it recreates the gang

@@ -33,7 +33,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
-from .ranks import _die_with_parent, send
+from .procs import _die_with_parent, send
 
 READY_TIMEOUT_SECONDS = 600.0  # the imports, on a loaded machine; a cold rank would wait as long
 FORK_TIMEOUT_SECONDS = 30.0
