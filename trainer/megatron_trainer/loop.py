@@ -27,6 +27,7 @@ from megatron_contract.env import RuntimeEnv
 from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
 
+from .async_save import prefork as prefork_save_helpers
 from .checkpoint import Checkpointer, iteration_path, load_common
 from .data import MicroBatches, build_dataset
 from .decisions import (
@@ -154,6 +155,13 @@ class Trainer:
         self.cfg, self.env, self.stop = cfg, env, stop
         self.rank = env.global_rank(local_rank)
         started = time.monotonic()
+        # The checkpoint helpers are forked now, while this process runs one thread and has
+        # touched no device (async_save.prefork); later a fork would be unsafe.
+        prefork_save_helpers(
+            local_rank,
+            cfg.platform == "cuda",
+            writer=cfg.checkpoint.async_save and not cfg.parallelism.fsdp,
+        )
         self.platform = setup_platform(cfg.platform, local_rank)
         _init_distributed(cfg, env, self.rank, self.platform)
         self._log_rank0("process groups ready (%.1fs)", time.monotonic() - started)

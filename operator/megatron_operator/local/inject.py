@@ -100,7 +100,9 @@ def rank_pids(roots: list[int]) -> dict[int, int]:
             try:
                 forked = rank_of_comm(child.name())
                 if forked is not None:
-                    found.setdefault(forked, child.pid)
+                    # Its own forks (a sync save's writers) carry the name too, one level down.
+                    if child.ppid() == root:
+                        found.setdefault(forked, child.pid)
                     continue
                 cmd = child.cmdline()
                 rank = child.environ().get("RANK")
