@@ -20,6 +20,7 @@ import logging
 import os
 import select
 import sys
+import time
 import traceback
 import warnings
 
@@ -34,6 +35,8 @@ from .signals import StopFlag
 # A standby waits this long before importing, so that a just-started attempt's ranks have the
 # CPU to themselves while they set up; released earlier, it imports then, as a rank would.
 STANDBY_DELAY_SECONDS = 10.0
+# When this rank's process began, for the goodput ledger: its start, or a standby's release.
+BEGAN = [time.time()]
 
 
 def _quiet_warnings() -> None:
@@ -71,6 +74,7 @@ def standby(delay: float = STANDBY_DELAY_SECONDS) -> bool:
     if not line.strip():
         return False  # the launcher closed the pipe: not needed
     changes = json.loads(line)
+    BEGAN[0] = time.time()  # the attempt's rank starts now: the import before was not its time
     os.environ.update({str(k): str(v) for k, v in changes.items()})
     # Released: stdin no longer the launcher's pipe, which is how a process that looks for this
     # rank (`mjob run --inject-failure`) tells it from a standby still waiting.
@@ -93,7 +97,7 @@ def main() -> int:
         _import_everything()
         from .loop import Trainer
 
-        return Trainer(config, env, local_rank, stop).run()
+        return Trainer(config, env, local_rank, stop, began=BEGAN[0]).run()
     except ConfigError as err:
         _abort_writers()
         print(f"megatron_trainer: {err}", file=sys.stderr, flush=True)

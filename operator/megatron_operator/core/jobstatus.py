@@ -80,6 +80,8 @@ class JobStatus:
     cluster_queue: str | None = None
     flavors: list[str] | None = None
     kept_pods: list[str] | None = None  # failed pods kept for their logs, oldest first
+    ledger: dict[str, Any] | None = None  # the goodput ledger (core/ledger.py, accounting.py)
+    forecast: dict[str, Any] | None = None  # the remaining time (core/forecast.py)
     extra: dict[str, Any] = field(default_factory=dict)  # keys we do not know, kept as they were
 
     @classmethod
@@ -121,6 +123,8 @@ class JobStatus:
             cluster_queue=_text(doc.get("clusterQueue")),
             flavors=_texts(doc.get("flavors")),
             kept_pods=_texts(doc.get("keptPods")),
+            ledger=_dict(doc.get("ledger")),
+            forecast=_dict(doc.get("forecast")),
             extra={k: copy.deepcopy(v) for k, v in doc.items() if k not in known},
         )
 
