@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass
 
 from megatron_operator.api.errors import FieldError, SpecError
@@ -15,6 +16,7 @@ class Injection:
     rank: int = 0
     signal: int = signal.SIGKILL
     fired: bool = False
+    fired_at: float | None = None  # Unix time the signal was sent (the true failure time)
 
     def describe(self) -> str:
         return f"{signal.Signals(self.signal).name} to rank {self.rank} at step {self.step}"
@@ -133,4 +135,5 @@ def fire(injection: Injection, roots: list[int]) -> bool:
     except ProcessLookupError:
         return False
     injection.fired = True
+    injection.fired_at = time.time()
     return True
