@@ -80,7 +80,7 @@ def bar(seconds: dict[str, float], width: int = BAR_WIDTH) -> str:
     shares = [(c, seconds.get(str(c), 0.0) * width / total) for c in MARKS]
     counts = {c: int(s) for c, s in shares}
     left = width - sum(counts.values())
-    for c, s in sorted(shares, key=lambda cs: cs[1] - int(cs[1]), reverse=True)[:left]:
+    for c, _ in sorted(shares, key=lambda cs: cs[1] - int(cs[1]), reverse=True)[:left]:
         counts[c] += 1
     return "".join(MARKS[c] * counts[c] for c in MARKS)
 
