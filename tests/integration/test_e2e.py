@@ -28,6 +28,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.goodput_truth import compare
+
 from .conftest import OPERATOR_NODE
 from .real_nodes_support import (
     REAL_LABEL,
@@ -344,7 +346,9 @@ def test_main_scenario_sigkill_gang_restart_exact_resume(
 
         c.wait(lambda: rank0_at(8) or None, 300, 0.2, "rank 0's log at iteration 8")
         victim = next(p for p in pods if p["metadata"]["labels"][RANK_LABEL] == "1")
+        before = time.time()
         out = c.kill_container(ns, victim["metadata"]["name"], "KILL")
+        after = time.time()
         assert out["signal"] == "SIGKILL"
         done = wait_phase(c, ns, "tiny", {"Succeeded", "Failed"}, 900)
         assert done["phase"] == "Succeeded", done
@@ -356,6 +360,13 @@ def test_main_scenario_sigkill_gang_restart_exact_resume(
         killed_at = max(r["iteration"] for r in logs.records if r.get("attempt") == 0)
     finally:
         logs.close()
+    # The goodput ledger against the true timeline: rank 0's own records and the kill. The
+    # ledger reads the failure's time from the kubelet (whole seconds), and the kill happened
+    # somewhere inside the driver's call: that much slack on the recomputed seconds.
+    ledger = done["ledger"]
+    figures = compare(ledger, logs.records, [(before + after) / 2], 1.0 + (after - before) / 2)
+    assert ledger["seconds"].get("restartRecreate", 0) > 0, ledger
+    assert ledger["restarts"][0]["rung"] == "Recreate" and ledger["restarts"][0]["count"] == 1
     # The TTL deletes the job; its created claim is kept (retention Retain), and so are the
     # checkpoints on it: the newest complete one is the last iteration.
     c.wait(
@@ -374,7 +385,9 @@ def test_main_scenario_sigkill_gang_restart_exact_resume(
     print(
         f"main scenario: nodes {sorted(nodes)}, killed after iteration {killed_at}, attempt 1 "
         f"from iteration {min(r['iteration'] for r in resumed)}, final loss "
-        f"{logs.losses[30]:.6f}, worst relative difference to local {worst:.1e}"
+        f"{logs.losses[30]:.6f}, worst relative difference to local {worst:.1e}; goodput "
+        f"{figures['goodput']:.3f} (true {figures['true goodput']:.3f}), recomputed "
+        f"{figures['recomputed']:.1f}s (true {figures['true recomputed']:.1f}s)"
     )
     c.kubectl("delete", "namespace", ns, "--wait=false")
 

@@ -174,3 +174,35 @@ def test_a_finished_job_keeps_its_ledger_and_writes_no_more() -> None:
     s.tick(3600)
     s.step()
     assert s.status["ledger"] == final
+
+
+def test_a_hang_is_attributed_from_the_last_sign_of_life() -> None:
+    s = sim(**{"restartPolicy": {"strategy": "InPlace", "hangTimeoutSeconds": 300}})
+    s.start_running()
+    s.tick(10)
+    record(s, 5, began=s.now - timedelta(seconds=8), loop=s.now - timedelta(seconds=5))
+    s.step()
+    last = s.now
+    s.tick(300)
+    s.step()
+    assert s.status["lastFailure"]["reason"] == "Hang"
+    seconds = ledger(s)["seconds"]
+    assert seconds["hangDetection"] == (s.now - last).total_seconds() == 300.0
+
+
+def test_suspended_time_is_its_own() -> None:
+    s = sim()
+    s.start_running()
+    s.tick(10)
+    record(s, 10, began=s.now - timedelta(seconds=10), loop=s.now - timedelta(seconds=10))
+    s.step()
+    s.job["spec"]["suspend"] = True
+    s.step()
+    assert s.status["phase"] == "Suspended"
+    s.finish_deletions()
+    s.tick(600)
+    s.job["spec"]["suspend"] = False
+    s.step()
+    assert s.status["phase"] == "Pending"
+    seconds = ledger(s)["seconds"]
+    assert seconds["suspended"] == 600.0 and seconds["productive"] == 10.0

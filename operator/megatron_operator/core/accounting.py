@@ -202,8 +202,8 @@ def failure_time(
 ) -> tuple[datetime, bool]:
     """When the failure behind this decision happened, and whether it is a hang (then: the last
     sign of life, the Lease's heartbeat or the attempt's start). First-hand times only: the
-    launchers' report of a rank's exit, the kubelet's end of the failed pod's trainer; else the
-    decision itself."""
+    launchers' report of a rank's exit or of the failed pod's launcher dropping out, the
+    kubelet's end of the failed pod's trainer; else the decision itself."""
     record = st.last_failure or {}
     if record.get("reason") == "Hang":
         beat = lease.renew_time if lease is not None and lease.progress is not None else None
@@ -215,6 +215,9 @@ def failure_time(
     report = lease.report if lease is not None else None
     if report is not None and report.attempt == attempt:
         times += [t for t in (parse_time(f.time) for f in report.failures) if t is not None]
+    if report is not None:  # the failed pod's launcher dropped out of the rendezvous then
+        gone = (parse_time(x.time) for x in report.lost if x.pod == record.get("pod"))
+        times += [t for t in gone if t is not None]
     pod = next((x for x in current if x.name == record.get("pod")), None)
     if pod is not None and pod.finished_at is not None:
         times.append(pod.finished_at)

@@ -6,7 +6,7 @@ with every input measured on the job itself by its goodput ledger (core/ledger.p
   checkpoint saves at the rate it has paid them so far.
 - Failures arrive as a Poisson process in the time the job runs (queued and suspended time do
   not count). Its rate is the job's own, with a Gamma prior for a young job: the MTTF that Meta
-  measured for its size (7.9 h at 1,024 GPUs, scaling as 1/GPUs), weighing as much as six hours
+  measured for its size (7.9 h at 1,024 GPUs, scaling as 1/GPUs), weighing as much as three hours
   of the job's own running (or one failure, if less), so the estimate starts there and follows
   the job's own record as it grows.
 - Each failure costs its recovery (from the failure to the next attempt's first step, measured
@@ -16,7 +16,8 @@ with every input measured on the job itself by its goodput ledger (core/ledger.p
   as restarts come.
 
 The expected remaining time T solves T = W + λ·T·c (work W, rate λ, cost c), so T = W / (1 − λc);
-the 90th percentile counts the 90th percentile of the Poisson number of failures in that time.
+the 90th percentile adds the spread of the downtime: the number of failures in that time (Poisson,
+with the rate's own uncertainty) and each failure's lost work (anywhere in a checkpoint interval).
 A failure-blind estimate (remaining steps × step time) is W alone.
 """
 
@@ -38,9 +39,10 @@ PRIOR_GPUS_PER_NODE = 8  # a CPU job's nodes count as this many GPUs each
 # The prior weighs as much as this much of the job's own running, or one failure's worth if
 # that is less: a small job's MTTF is hundreds of hours, and a prior that heavy would hide a
 # job that fails every hour for a week.
-PRIOR_HOURS = 6.0
+PRIOR_HOURS = 3.0
 MAX_LOAD = 0.95  # λ·c past this: the job barely progresses; T is capped at W / (1 − MAX_LOAD)
 P = 0.9
+Z90 = 1.2815515655446004  # the standard normal's 90th percentile
 MAX_SECONDS = 100 * 365 * 86400.0  # no estimate beyond a century (a datetime must hold it)
 
 
@@ -79,23 +81,41 @@ def estimate(x: Inputs) -> Estimate:
     work = max(x.remaining_steps, 0) * (x.step_seconds + x.save_seconds_per_step)
     prior = prior_rate(x.gpus)
     weight = min(1.0 / prior, PRIOR_HOURS * 3600.0)  # seconds of exposure the prior counts as
-    rate = (prior * weight + x.failures) / (weight + max(x.exposure_seconds, 0.0))
+    shape = prior * weight + x.failures  # the rate's Gamma posterior: shape / exposure
+    rate = shape / (weight + max(x.exposure_seconds, 0.0))
     interval = x.save_interval if x.save_interval else 0
-    prior_cost = x.first_start_seconds + interval * x.step_seconds / 2
-    cost = (prior_cost + x.recovery_seconds + x.lost_seconds) / (1 + x.failures)
+    prior_lost = interval * x.step_seconds / 2
+    lost = (prior_lost + x.lost_seconds) / (1 + x.failures)
+    cost = (x.first_start_seconds + prior_lost + x.recovery_seconds + x.lost_seconds) / (
+        1 + x.failures
+    )
     load = min(rate * cost, MAX_LOAD)
     remaining = work / (1 - load)
+    cap = work / (1 - MAX_LOAD) * 3
     p90 = remaining
-    for _ in range(50):  # T = W + q90(Poisson(λT))·c: a monotone fixed point
-        nxt = work + _poisson_quantile(rate * p90, P) * cost
-        nxt = min(max(nxt, remaining), work / (1 - MAX_LOAD) * 3)
+    for _ in range(100):  # a monotone fixed point: T = W + the 90th percentile of T's downtime
+        nxt = min(max(work + _downtime_p90(rate * p90, shape, cost, lost), remaining), cap)
         if abs(nxt - p90) < 1e-6 * max(nxt, 1.0):
             break
         p90 = nxt
-    cap = MAX_SECONDS
     return Estimate(
-        min(remaining, cap), min(max(p90, remaining), cap), min(work, cap), rate * 3600.0, cost
+        min(remaining, MAX_SECONDS),
+        min(max(p90, remaining), MAX_SECONDS),
+        min(work, MAX_SECONDS),
+        rate * 3600.0,
+        cost,
     )
+
+
+def _downtime_p90(failures: float, shape: float, cost: float, lost: float) -> float:
+    """The 90th percentile of the downtime of `failures` expected failures: their number is
+    Poisson with a rate known up to its Gamma posterior (so negative binomial, variance
+    μ + μ²/shape), and each costs `cost` give or take its lost work (uniform up to twice its
+    mean `lost`, variance lost²/3). A normal approximation, and never below the Poisson
+    quantile of the count at the mean cost (the discrete tail of a few failures)."""
+    variance = failures * lost**2 / 3 + cost**2 * (failures + failures**2 / max(shape, 1e-9))
+    normal = failures * cost + Z90 * math.sqrt(variance)
+    return max(normal, _poisson_quantile(failures, P) * cost)
 
 
 def _poisson_quantile(mean: float, p: float) -> int:
@@ -103,7 +123,7 @@ def _poisson_quantile(mean: float, p: float) -> int:
     if mean <= 0:
         return 0
     if mean > 500:  # the normal approximation, well within a failure's worth
-        return max(0, math.ceil(mean + 1.2815515655446004 * math.sqrt(mean) - 0.5))
+        return max(0, math.ceil(mean + Z90 * math.sqrt(mean) - 0.5))
     term = math.exp(-mean)
     total, k = term, 0
     while total < p and k < 10000:

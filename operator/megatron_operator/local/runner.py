@@ -364,7 +364,13 @@ class LocalRunner:
             # and the failures injected, with when they were sent.
             "ledger": self.doc["status"].get("ledger"),
             "injections": [
-                {"step": i.step, "rank": i.rank, "signal": i.signal, "at": i.fired_at}
+                {
+                    "step": i.step,
+                    "rank": i.rank,
+                    "signal": i.signal,
+                    "at": i.fired_at,
+                    "diedAt": i.died_at,
+                }
                 for i in self.injections
                 if i.fired
             ],
