@@ -208,18 +208,26 @@ def test_fuzzed_trainer_writes_never_break_the_reconcile(
 
 
 _CLOCK_KEYS = ["now", "began", "loop", "start", "rdzv", "load", "save"]
+_CLOCKS = st.one_of(_JSON, st.dictionaries(st.sampled_from(_CLOCK_KEYS), _JSON, max_size=7))
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
-@given(clock=st.one_of(_JSON, st.dictionaries(st.sampled_from(_CLOCK_KEYS), _JSON, max_size=7)))
-def test_a_hostile_clock_is_bounded_or_dropped_and_the_ledger_stays_exact(clock: Any) -> None:
+@settings(max_examples=300, deadline=None)
+@given(clock=_CLOCKS)
+def test_a_hostile_clock_parses_to_bounded_numbers_or_nothing(clock: Any) -> None:
     """The record's `clock` (the goodput ledger's facts): any value parses to in-range numbers
-    or to nothing, and the ledger the reconcile then writes still sums to its wall time."""
+    or to nothing, and never raises."""
     parsed = parse_clock(clock)
     if parsed is not None:
         assert 946_684_800 <= parsed.now < 7_258_118_400
         for value in (parsed.rendezvous, parsed.load, parsed.save):
             assert value is None or 0 <= value <= 1e8
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(clock=_CLOCKS)
+def test_a_hostile_clock_leaves_the_ledger_exact(clock: Any) -> None:
+    """Whatever the clock, the ledger the reconcile writes still sums to its wall time (the
+    fuzz test above also draws `clock` among a record's fields)."""
     sim = _sim()
     sim.start_running()
     _write(sim, json.dumps({"attempt": 0, "iteration": 5, "time": NOW, "clock": clock}))

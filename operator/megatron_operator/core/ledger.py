@@ -206,11 +206,12 @@ class Ledger:
         self.end = max(self.end, at)
         return at
 
-    def _within(self, when: datetime | None, low: int) -> int | None:
-        """A trainer fact's time, inside [low, end]: no fact of theirs lies in our future."""
-        if when is None:
-            return None
+    def _within(self, when: datetime, low: int) -> int:
+        """A pod's or the trainer's time, inside [low, end]: no such fact lies in our future."""
         return min(max(self._ms(when), low), max(self.end, low))
+
+    def _maybe(self, when: datetime | None, low: int) -> int | None:
+        return self._within(when, low) if when is not None else None
 
     def _close(self, to: int, rest: Cause, *parts: tuple[Cause, int]) -> None:
         """Attribute [closed, to]: each part in turn (as much of it as fits), the rest to
@@ -257,9 +258,7 @@ class Ledger:
                 self._launched(event)
             case Placed():
                 if self.mode == Mode.SCHEDULING and event.attempt == self.attempt:
-                    self._close(
-                        self._within(event.at, self.closed) or self.closed, Cause.SCHEDULING
-                    )
+                    self._close(self._within(event.at, self.closed), Cause.SCHEDULING)
                     self.mode = Mode.STARTING
             case Record():
                 self._record(event)
@@ -300,10 +299,9 @@ class Ledger:
         ):
             return  # a late write of another attempt, or of ranks already stopped
         at = self._within(r.at, self.closed)
-        assert at is not None
         if self.mode == Mode.SCHEDULING:  # placed before the operator looked (no pod facts)
             first = min(x for x in (r.began, r.loop, r.at) if x is not None)
-            self._close(self._within(first, self.closed) or self.closed, Cause.SCHEDULING)
+            self._close(self._within(first, self.closed), Cause.SCHEDULING)
             self.mode = Mode.STARTING
         if self.mode == Mode.STARTING:
             self._first_record(r, at)
@@ -312,8 +310,8 @@ class Ledger:
 
     def _first_record(self, r: Record, at: int) -> None:
         """The attempt's first step: its start-up, split by the process's timeline."""
-        began = self._within(r.began, self.closed)
-        loop = self._within(r.loop, began if began is not None else self.closed)
+        began = self._maybe(r.began, self.closed)
+        loop = self._maybe(r.loop, began if began is not None else self.closed)
         if began is not None:
             self._close(began, Cause.START_UP)
         if began is not None and loop is not None:
