@@ -425,8 +425,14 @@ def test_suspend_checkpoints_within_the_grace_period_and_resumes_there(
         assert min(r["iteration"] for r in resumed) == saved + 1, logs.text()[-3000:]
     finally:
         logs.close()
+    # The goodput ledger against rank 0's records: the suspended time is its own, nothing lost.
+    figures = compare(done["ledger"], logs.records, [])
+    assert done["ledger"]["seconds"]["suspended"] > 0, done["ledger"]
     worst = assert_same_curve(logs.losses, local_losses(tmp_path, "pause", s), 30)
-    print(f"suspend: saved at iteration {saved} on SIGTERM, resumed there; worst {worst:.1e}")
+    print(
+        f"suspend: saved at iteration {saved} on SIGTERM, resumed there; worst {worst:.1e}; "
+        f"goodput {figures['goodput']:.3f} (true {figures['true goodput']:.3f})"
+    )
     c.kubectl("delete", "namespace", ns, "--wait=false")
 
 
@@ -486,6 +492,7 @@ def test_node_loss_restarts_on_the_remaining_nodes_with_the_same_curve(
         pods = pods_of(c, ns, "lost", 0)
         victim = next(p["spec"]["nodeName"] for p in pods if p["spec"]["nodeName"] != OPERATOR_NODE)
         killed = victim
+        before = time.time()
         out = c.kill_node(victim, timeout=120)
         assert f"kubelet-{victim}" in out and f"containerd-{victim}" in out, out
         assert f"{victim} Ready=" in out and "Ready=True" not in out, out
@@ -514,7 +521,12 @@ def test_node_loss_restarts_on_the_remaining_nodes_with_the_same_curve(
         if killed:
             c.restart_node(killed)
     worst = assert_same_curve(logs.losses, local_losses(tmp_path, "lost", s), 30)
+    # The goodput ledger against rank 0's records and the kill. The failure's first-hand time is
+    # the surviving rank's exit (whole seconds) or, for NodeLost, none: the work in flight is
+    # then bounded by a record interval (the Lease's 10 s); that much slack on recomputed.
+    figures = compare(done["ledger"], logs.records, [before], 11.0)
     print(
         f"node loss: {victim} killed, restarted on {sorted(p['spec']['nodeName'] for p in again)}"
+        f"; goodput {figures['goodput']:.3f} (true {figures['true goodput']:.3f})"
     )
     print(f"node loss: worst relative difference to local {worst:.1e}")

@@ -66,9 +66,9 @@ events: st.SearchStrategy[Event] = st.one_of(
         load=durations,
         save=durations,
     ),
-    st.builds(Failed, times, times, rungs, st.booleans()),
+    st.builds(Failed, times, times, rungs, st.booleans(), st.booleans()),
     st.builds(Escalated, times, rungs),
-    st.builds(Finished, times, maybe_time),
+    st.builds(Finished, times, maybe_time, st.booleans()),
 )
 
 
@@ -269,3 +269,19 @@ def test_status_form_matches_the_api_model() -> None:
     assert model.to_api() == raw
     assert raw["restarts"] == [{"rung": "ReplacePod", "count": 1, "seconds": 0.0}]
     assert raw["summary"] == f"{ledger.goodput:.1%}"
+
+
+def test_a_failure_noticed_late_loses_at_most_a_record_interval() -> None:
+    """A node found lost 60 s after the last record (no first-hand time of the failure): the job
+    trained unseen for at most a record interval and a step (10 s + 1 s here); the rest it
+    waited to be found failed, which is the restart's downtime."""
+    events: list[Event] = [Launched(t(0), 0), Tick(t(100)), Placed(t(0), 0)]
+    for i in range(1, 5):  # records every 10 s, 10 steps each
+        events.append(Record(t(10 * i), 0, 10 * i, began=t(0), loop=t(0), start=0))
+    events.append(Failed(t(100), t(100), Rung.RECREATE, exact=False))
+    ledger = fold(Ledger.start(T0), events)
+    s = secs(ledger)
+    assert ledger.spacing == 10_000 and ledger.step_us == 1_000_000
+    assert s["recomputed"] == 11.0 and s["restartRecreate"] == 49.0
+    exact = fold(Ledger.start(T0), [*events[:-1], Failed(t(100), t(100), Rung.RECREATE)])
+    assert secs(exact)["recomputed"] == 60.0  # a first-hand failure time: all of it was work

@@ -210,6 +210,9 @@ class LedgerFold(ApiModel):
     )
     trained_steps: int = Field(ge=0, description="Steps whose time the ledger measured.")
     step_seconds: float | None = Field(None, ge=0, description="Recent seconds per step.")
+    record_seconds: float | None = Field(
+        None, ge=0, description="Recent seconds between the trainer's records it folded."
+    )
 
 
 class Ledger(ApiModel):

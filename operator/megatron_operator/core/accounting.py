@@ -120,10 +120,12 @@ def facts(
     events: list[Event] = [Tick(now)]
     events += [e for e in (record, placed) if e is not None]
     if st.restarts > _count(old.get("restarts")):
-        failed_at, hang = failure_time(st, old, now, lease, current, attempt)
+        failed_at, hang, exact = failure_time(st, old, now, lease, current, attempt)
         rung = (st.last_failure or {}).get("rung")
         events.append(
-            Failed(now, failed_at, Rung(rung) if rung in tuple(Rung) else Rung.RECREATE, hang)
+            Failed(
+                now, failed_at, Rung(rung) if rung in tuple(Rung) else Rung.RECREATE, hang, exact
+            )
         )
     elif phase == Phase.RESTARTING and was == Phase.RESTARTING:
         rung = (st.last_failure or {}).get("rung")
@@ -136,7 +138,10 @@ def facts(
         ended = (
             failure_time(st, old, now, lease, current, attempt) if phase == Phase.FAILED else None
         )
-        events.append(Finished(now, ended[0] if ended is not None else None))
+        if ended is None:
+            events.append(Finished(now))
+        else:
+            events.append(Finished(now, ended[0], ended[2]))
     elif phase == Phase.QUEUED and was != Phase.QUEUED:
         events.append(Queued(now))
     elif phase == Phase.SUSPENDED and was != Phase.SUSPENDED:
@@ -199,18 +204,19 @@ def failure_time(
     lease: LeaseView | None,
     current: Sequence[PodView],
     attempt: int,
-) -> tuple[datetime, bool]:
-    """When the failure behind this decision happened, and whether it is a hang (then: the last
-    sign of life, the Lease's heartbeat or the attempt's start). First-hand times only: the
-    launchers' report of a rank's exit or of the failed pod's launcher dropping out, the
-    kubelet's end of the failed pod's trainer; else the decision itself."""
+) -> tuple[datetime, bool, bool]:
+    """When the failure behind this decision happened, whether it is a hang (then: the last
+    sign of life, the Lease's heartbeat or the attempt's start), and whether a first-hand
+    source timed it: the launchers' report of a rank's exit or of the failed pod's launcher
+    dropping out, the kubelet's end of the failed pod's trainer. Otherwise (a node found lost,
+    a pod gone) it is the decision itself, later than the failure."""
     record = st.last_failure or {}
     if record.get("reason") == "Hang":
         beat = lease.renew_time if lease is not None and lease.progress is not None else None
         if beat is not None and lease is not None and lease.progress is not None:
             beat = beat if lease.progress.attempt == attempt else None
         since = beat or parse_time(old.get("runningSince"))
-        return (min(since, now) if since is not None else now), True
+        return (min(since, now) if since is not None else now), True, since is not None
     times: list[datetime] = []
     report = lease.report if lease is not None else None
     if report is not None and report.attempt == attempt:
@@ -221,4 +227,6 @@ def failure_time(
     pod = next((x for x in current if x.name == record.get("pod")), None)
     if pod is not None and pod.finished_at is not None:
         times.append(pod.finished_at)
-    return (min(*times, now) if times else now), False
+    if not times:
+        return now, False, False
+    return min(*times, now), False, True

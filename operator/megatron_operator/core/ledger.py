@@ -114,12 +114,15 @@ class Record:
 @dataclass(frozen=True)
 class Failed:
     """A restart decided at `at`, on rung `rung`, for a failure at `failed_at` (a rank's exit,
-    a pod's end, or for a hang the last sign of life)."""
+    a pod's end, or for a hang the last sign of life). `exact`: a first-hand source said when
+    it failed; otherwise `failed_at` is when the failure was noticed (a node found lost), and
+    the job cannot have trained unseen for longer than a record interval before it."""
 
     at: datetime
     failed_at: datetime
     rung: Rung
     hang: bool = False
+    exact: bool = True
 
 
 @dataclass(frozen=True)
@@ -137,10 +140,12 @@ class Suspended:
 
 @dataclass(frozen=True)
 class Finished:
-    """The job ended at `at`; `failed_at`: it ended by a failure at that time."""
+    """The job ended at `at`; `failed_at`: it ended by a failure at that time (`exact` as for
+    Failed)."""
 
     at: datetime
     failed_at: datetime | None = None
+    exact: bool = True
 
 
 Event = Tick | Queued | Launched | Placed | Record | Failed | Escalated | Suspended | Finished
@@ -165,6 +170,7 @@ class Ledger:
     restarts: dict[Rung, tuple[int, int]] = field(default_factory=dict)  # rung → (count, ms)
     trained_steps: int = 0
     step_us: int | None = None  # recent microseconds per step
+    spacing: int | None = None  # ms between the records folded, recently
 
     @classmethod
     def start(cls, origin: datetime, mode: Mode = Mode.QUEUED) -> Ledger:
@@ -351,6 +357,8 @@ class Ledger:
         else:
             again = rest if self.last_iteration < self.high else 0
         self._close(at, Cause.PRODUCTIVE, (Cause.CHECKPOINT_SAVE, stall), (Cause.RECOMPUTED, again))
+        if steps:
+            self.spacing = dt if self.spacing is None else self.spacing + (dt - self.spacing) // 4
         self.trained_steps += steps
         self.last_iteration = max(self.last_iteration, r.iteration)
         self.high = max(self.high, r.iteration)
@@ -363,9 +371,18 @@ class Ledger:
         else:  # recent steps weigh more: about the last 20 steps
             self.step_us += (us - self.step_us) * min(steps, 20) // 20
 
+    def _lost_until(self, failed: int, exact: bool) -> int:
+        """Where the work a failure interrupted ends: at the failure, when a first-hand source
+        timed it; else at most a record interval and a step after the last record (the job
+        cannot have trained unseen for longer: beyond that it waited to be found failed)."""
+        if exact or self.mode != Mode.TRAINING or self.spacing is None:
+            return failed
+        return min(failed, self.closed + self.spacing + (self.step_us or 0) // 1000)
+
     def _failed(self, event: Failed) -> None:
         at = self._now(event.at)
         failed = min(max(self._ms(event.failed_at), self.closed), at)
+        failed = self._lost_until(failed, event.exact)
         lost = {
             Mode.TRAINING: Cause.RECOMPUTED,
             Mode.STARTING: Cause.START_UP,
@@ -388,7 +405,7 @@ class Ledger:
         if self.mode == Mode.TRAINING:
             if event.failed_at is not None:
                 failed = min(max(self._ms(event.failed_at), self.closed), at)
-                self._close(failed, Cause.RECOMPUTED)
+                self._close(self._lost_until(failed, event.exact), Cause.RECOMPUTED)
             self._close(at, Cause.FINISHING)
         else:
             self._close(at, self._mode_cause())
@@ -415,6 +432,8 @@ class Ledger:
             fold["failedAt"] = self.failed_at / 1000
         if self.step_us is not None:
             fold["stepSeconds"] = self.step_us / 1e6
+        if self.spacing is not None:
+            fold["recordSeconds"] = self.spacing / 1000
         out: dict[str, Any] = {
             "since": _stamp(self.origin),
             "asOf": _stamp(self.as_of),
@@ -479,6 +498,9 @@ class Ledger:
                 return None
             restarts[Rung(item["rung"])] = (n, cost)
         failed_at = _ms_in(fold.get("failedAt")) if fold.get("failedAt") is not None else None
+        spacing = (
+            _ms_in(fold.get("recordSeconds")) if fold.get("recordSeconds") is not None else None
+        )
         step = fold.get("stepSeconds")
         step_us = (
             _int_in(round(step * 1e6)) if isinstance(step, (int, float)) and _number(step) else None
@@ -499,6 +521,7 @@ class Ledger:
             restarts=restarts,
             trained_steps=trained,
             step_us=step_us,
+            spacing=spacing,
         )
 
 
