@@ -15,6 +15,8 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.goodput_truth import check_ledger
+
 from .test_local_run import ROOT, run_argv
 
 pytestmark = pytest.mark.trainer
@@ -75,6 +77,7 @@ def test_a_killed_launcher_process_is_replaced_alone(clean: dict[str, Any], tmp_
     ]
     assert len(launchers) == 1
     os.kill(launchers[0].pid, signal.SIGKILL)  # the "container" of node rank 1
+    killed = time.time()
     out, _ = proc.communicate(timeout=1200)
     assert proc.returncode == 0, out[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
@@ -90,3 +93,6 @@ def test_a_killed_launcher_process_is_replaced_alone(clean: dict[str, Any], tmp_
     assert (
         "started the ranks of attempt 1" in (logs / "attempt-0" / "cpu-tiny-a0-0.log").read_text()
     )
+    # The goodput ledger against the true timeline (a lost pod: its rank died with it).
+    check_ledger(tmp_path, kills=[killed])
+    assert s["ledger"]["seconds"]["restartReplacePod"] > 0

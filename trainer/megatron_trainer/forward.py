@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Final
 
 from megatron_contract.progress_log import MAX_LINE, parse_line
+from megatron_contract.timeline import Clock
 
 from .progress import ProgressReporter, Report
 
@@ -24,8 +26,17 @@ CHUNK: Final = 1 << 20  # bytes read per poll at most
 
 
 class Forwarder:
-    def __init__(self, path: str, reporter: ProgressReporter, poll: float = POLL_SECONDS) -> None:
+    def __init__(
+        self,
+        path: str,
+        reporter: ProgressReporter,
+        poll: float = POLL_SECONDS,
+        began: float | None = None,
+    ) -> None:
         self.path = path
+        # When the ranks started: the one fact of the process's timeline the launcher knows
+        # (contract §4, `clock`); the rest is not reported by the code.
+        self.began = began if began is not None else time.time()
         self.reporter = reporter
         self.poll = poll
         self.offset = 0
@@ -87,7 +98,12 @@ class Forwarder:
         if step.checkpoint_iteration is not None:
             self.checkpoint = max(self.checkpoint or 0, step.checkpoint_iteration)
         report = Report(
-            step.iteration, step.loss, step.tokens_per_second, step.mfu, self.checkpoint
+            step.iteration,
+            step.loss,
+            step.tokens_per_second,
+            step.mfu,
+            self.checkpoint,
+            Clock(now=time.time(), began=self.began),
         )
         self.reporter.report(report, force=first)
 

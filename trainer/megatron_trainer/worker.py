@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 import warnings
 
@@ -30,6 +31,9 @@ from megatron_contract.procname import rank_comm
 from .forksafe import fork_unsafe
 from .numerics import NonFiniteLoss
 from .signals import StopFlag
+
+# When this rank's process began, for the goodput ledger: its start, or its fork by the zygote.
+BEGAN = [time.time()]
 
 
 def _quiet_warnings() -> None:
@@ -85,8 +89,8 @@ def _become_rank(request: dict[str, object], *fds: int) -> None:
     """In a forked rank: become the launcher's child, take the rank's environment, train."""
     import ctypes
     import signal
-    import time
 
+    BEGAN[0] = time.time()  # the attempt's rank starts now: the zygote's imports were not its time
     for fd in fds:
         os.close(fd)
     launcher = int(str(request["launcher"]))
@@ -125,7 +129,7 @@ def main() -> int:
         _import_everything()
         from .loop import Trainer
 
-        return Trainer(config, env, local_rank, stop).run()
+        return Trainer(config, env, local_rank, stop, began=BEGAN[0]).run()
     except ConfigError as err:
         _abort_writers()
         print(f"megatron_trainer: {err}", file=sys.stderr, flush=True)

@@ -194,6 +194,8 @@ PRINTER_COLUMNS = [
     {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
     {"name": "Progress", "type": "string", "jsonPath": ".status.progressSummary"},
+    {"name": "Goodput", "type": "string", "jsonPath": ".status.ledger.summary"},
+    {"name": "ETA", "type": "string", "jsonPath": ".status.forecast.summary"},
     {"name": "Queue", "type": "string", "jsonPath": ".status.localQueue"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -20,6 +20,8 @@ from megatron_contract.paths import (
     PROGRESS_RECORD_MAX,
     TERMINATION_MESSAGE_MAX,
 )
+from megatron_contract.timeline import KEY as CLOCK_KEY
+from megatron_contract.timeline import Clock, parse_clock
 from megatron_operator.core.names import (
     ANNOTATION_RESTART_STRATEGY,
     CONTAINER_NAME,
@@ -80,6 +82,7 @@ class Progress:
     mfu: float | None
     checkpoint_iteration: int | None
     time: datetime
+    clock: Clock | None = None  # the process's timeline (goodput ledger), when reported
 
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -132,6 +135,7 @@ def parse_progress(text: object) -> Progress | None:
         mfu=_float(doc.get("mfu")),
         checkpoint_iteration=_count(doc.get("checkpointIteration")),
         time=when,
+        clock=parse_clock(doc.get(CLOCK_KEY)),
     )
 
 

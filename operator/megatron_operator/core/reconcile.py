@@ -35,7 +35,7 @@ from megatron_contract.ladder import Report
 from megatron_operator.api import FieldError, MegatronJob, MegatronJobSpec, SpecError, load_job
 from megatron_operator.api.status import ConditionType, EventType, Phase, Reason, Rung
 from megatron_operator.api.transitions import check_update
-from megatron_operator.core import churn, ladder
+from megatron_operator.core import accounting, churn, ladder
 from megatron_operator.core import defaults as job_defaults
 from megatron_operator.core.conditions import reason_of, set_condition, since
 from megatron_operator.core.failures import (
@@ -989,6 +989,9 @@ class _Machine:
     def done(self) -> Outcome:
         if self.queue is not None:
             self.out.workload = self.queue.settle(self.w.pods, self.current) or None
+        # The goodput ledger: this reconcile's facts, on the status write it makes anyway.
+        old = self.w.job.get("status")
+        accounting.settle(old, self.st, self.now, self.w.job, self.w.lease, self.current)
         self.out.status = self.st.to_raw()
         soonest = min(self.deadlines, default=None)
         wait = math.inf

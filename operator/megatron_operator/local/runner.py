@@ -129,6 +129,9 @@ class LocalRunner:
         self.progress = ProgressLog(layout.progress)
         self.stop_signal: int | None = None
         self.started = time.monotonic()
+        # The job's creation, as the apiserver would stamp it: the start of its wall time (the
+        # goodput ledger's), to the microsecond here.
+        self.created = datetime.now(UTC)
         self.pods: dict[str, Running] = {}
         self.restart_iterations: list[int] = []
         self.master_port = 0  # the gang's first rendezvous port and its coordinator's port
@@ -142,6 +145,7 @@ class LocalRunner:
                 "namespace": job.namespace,
                 "uid": job.metadata.uid,
                 "generation": 1,
+                "creationTimestamp": self.created.isoformat().replace("+00:00", "Z"),
             },
             "spec": job.spec.to_api(),
             "status": {},
@@ -356,6 +360,20 @@ class LocalRunner:
             "checkpointDir": str(ckpt_dir),
             "tensorboardDir": f"{ckpt_dir}/tensorboard",
             "finishedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            # Where the wall time went (the operator's goodput ledger, as in status.ledger),
+            # and the failures injected, with when they were sent.
+            "ledger": self.doc["status"].get("ledger"),
+            "injections": [
+                {
+                    "step": i.step,
+                    "rank": i.rank,
+                    "signal": i.signal,
+                    "at": i.fired_at,
+                    "diedAt": i.died_at,
+                }
+                for i in self.injections
+                if i.fired
+            ],
         }
         if plot_losses(
             self.layout.loss_plot, losses, result.restart_iterations, f"{self.job.name} (local)"

@@ -227,6 +227,7 @@ class Agent:
                     self.say(f"every rank of attempt {self.epoch} finished")
                     return int(ExitCode.OK)
                 continue
+            exited = now_text()  # when it was reaped: before the others are stopped (seconds)
             then = "waiting for the operator's decision" if self.in_place else "ending the pod"
             self.say(
                 f"local rank {local} of attempt {self.epoch} exited with {code}; stopping the "
@@ -239,7 +240,7 @@ class Agent:
                 return code
             self.failure = (code, time.monotonic())
             self._send(
-                {"op": "failed", "epoch": epoch, "local": local, "code": code, "time": now_text()}
+                {"op": "failed", "epoch": epoch, "local": local, "code": code, "time": exited}
             )
             self._send({"op": "stopped"})
         return None
