@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from megatron_operator.api.job import GROUP, KIND, PLURAL, VERSION
 from megatron_operator.cluster.gangcalls import FairPool, slow_start
 from megatron_operator.core.names import LABEL_JOB_NAME, MANAGED_BY, SPEC_KEY, config_map_name
-from megatron_operator.core.observe import controller_uid, format_time
+from megatron_operator.core.observe import controller_uid, format_time, slim_pod
 from megatron_operator.core.ownership import UPDATED_KINDS, conflict, sealed
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,27 @@ def call(method: Any, *args: Any, **kwargs: Any) -> bytes:
 
 def call_json(method: Any, *args: Any, **kwargs: Any) -> Any:
     return json.loads(call(method, *args, **kwargs))
+
+
+LIST_PAGE = 50  # pods per page: 50 pods at the template budget are ~5 MB of JSON
+
+
+def _pages(method: Any, *args: Any, **kwargs: Any) -> Iterator[tuple[list[Obj], str | None]]:
+    """A LIST in pages of LIST_PAGE, each with the list's resourceVersion (every page of one
+    list is the same snapshot). An expired continue token raises 410, as a stale watch does:
+    the caller lists again."""
+    token: str | None = None
+    while True:
+        extra: dict[str, Any] = {"limit": LIST_PAGE}
+        if token:
+            extra["_continue"] = token
+        doc = call_json(method, *args, **kwargs, **extra)
+        meta = doc.get("metadata") or {}
+        version = meta.get("resourceVersion")
+        yield list(doc.get("items") or []), str(version) if version else None
+        token = meta.get("continue")
+        if not token:
+            return
 
 
 def _retained(obj: Obj) -> bool:
@@ -192,21 +213,30 @@ class Kube:
                 raise
 
     # --- pods
-    def list_pods(self, namespace: str, job: str) -> list[Obj]:
-        doc = call_json(
-            self.core.list_namespaced_pod, namespace, label_selector=f"{LABEL_JOB_NAME}={job}"
-        )
-        return list(doc.get("items") or [])
+    def list_pods(self, namespace: str, job: str, slim: bool = False) -> list[Obj]:
+        """The job's pods, listed in pages; with `slim`, as much of each as pod_view reads."""
+        items: list[Obj] = []
+        selector = f"{LABEL_JOB_NAME}={job}"
+        for page, _ in _pages(self.core.list_namespaced_pod, namespace, label_selector=selector):
+            items += [slim_pod(p) for p in page] if slim else page
+        return items
 
-    def create_pods(self, pods: list[Obj], job_uid: str | None = None) -> int:
+    def create_pods(self, pods: Sequence[Obj], job_uid: str | None = None) -> int:
         """Create in slow-start batches, fairly with other jobs' calls; a pod that already
         exists counts as done when it is the job's own (ChildConflict otherwise). Returns how
-        many this call created."""
+        many this call created. Each pod is read from `pods` by the worker that creates it: a
+        lazy sequence (core/render.Pods) renders it then, so at most a worker's share of a
+        gang is rendered at once."""
         if not pods:
             return 0
-        meta = pods[0]["metadata"]
+        first = pods[0]
+        meta = first["metadata"]
         key = (str(meta["namespace"]), str((meta.get("labels") or {}).get(LABEL_JOB_NAME, "")))
-        return sum(slow_start(self.gang, key, lambda p: self._create_pod(p, job_uid), pods))
+
+        def create(i: int) -> int:
+            return self._create_pod(first if i == 0 else pods[i], job_uid)
+
+        return sum(slow_start(self.gang, key, create, range(len(pods))))
 
     def _create_pod(self, pod: Obj, job_uid: str | None) -> int:
         try:
@@ -267,15 +297,21 @@ class Kube:
         return self.core.list_namespaced_pod(namespace, **kw)
 
     def list_all_pods(self, namespace: str | None) -> tuple[list[Obj], str | None]:
-        """Every pod with our job label (in one namespace or all), and the version to watch
-        from."""
+        """Every pod with our job label (in one namespace or all), as much of each as the pod
+        cache reads (core/observe.slim_pod), and the version to watch from. Listed in pages: a
+        relist of every gang in the cluster, each pod carrying its job's template, was once
+        parsed whole."""
         selector = LABEL_JOB_NAME
         if namespace is None:
-            doc = call_json(self.core.list_pod_for_all_namespaces, label_selector=selector)
+            pages = _pages(self.core.list_pod_for_all_namespaces, label_selector=selector)
         else:
-            doc = call_json(self.core.list_namespaced_pod, namespace, label_selector=selector)
-        version = (doc.get("metadata") or {}).get("resourceVersion")
-        return list(doc.get("items") or []), str(version) if version else None
+            pages = _pages(self.core.list_namespaced_pod, namespace, label_selector=selector)
+        items: list[Obj] = []
+        version: str | None = None
+        for page, page_version in pages:
+            items += [slim_pod(p) for p in page]
+            version = page_version
+        return items, version
 
     def list_nodes(self) -> tuple[list[Obj], str | None]:
         """Every node, and the resourceVersion to watch from."""

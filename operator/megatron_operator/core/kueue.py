@@ -519,13 +519,16 @@ def admission_pod_patch(
     `podset_updates` are the admission checks' PodSetUpdates (`QueuedState.updates_for`); `tas`
     (`QueuedState.tas_for`) is given when Kueue assigned a topology.
     """
-    out = copy.deepcopy(dict(pod_obj))
-    meta = out.setdefault("metadata", {})
-    spec = out.setdefault("spec", {})
-    labels = meta.setdefault("labels", {})
-    annotations = meta.setdefault("annotations", {})
-    selector: dict[str, str] = spec.setdefault("nodeSelector", {})
-    tolerations: list[Obj] = spec.setdefault("tolerations", [])
+    # Only what this writes is copied: the rest (the template's parts) is shared with the gang's
+    # other pods, and a deep copy of each pod would undo that (core/overlay.py).
+    out = dict(pod_obj)
+    meta = out["metadata"] = dict(out.get("metadata") or {})
+    spec = out["spec"] = dict(out.get("spec") or {})
+    labels = meta["labels"] = dict(meta.get("labels") or {})
+    annotations = meta["annotations"] = dict(meta.get("annotations") or {})
+    selector: dict[str, str] = dict(spec.get("nodeSelector") or {})
+    tolerations: list[Obj] = list(spec.get("tolerations") or [])
+    spec["nodeSelector"], spec["tolerations"] = selector, tolerations
     for name in sorted(set(assignment.flavors.values())):
         if name not in flavors:
             raise KueueError(
@@ -553,9 +556,10 @@ def admission_pod_patch(
             annotations[ANNOTATION_PREFERRED_TOPOLOGY] = str(request["preferred"])
         else:
             annotations[ANNOTATION_UNCONSTRAINED_TOPOLOGY] = "true"
-        gates: list[Obj] = spec.setdefault("schedulingGates", [])
+        gates: list[Obj] = list(spec.get("schedulingGates") or [])
         if {"name": GATE_TOPOLOGY} not in gates:
             gates.append({"name": GATE_TOPOLOGY})
+        spec["schedulingGates"] = gates
     # Leave no empty fields behind (the rendered pod may have had none of them).
     for key, value in (("nodeSelector", selector), ("tolerations", tolerations)):
         if not value:

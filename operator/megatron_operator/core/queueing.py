@@ -29,6 +29,7 @@ from megatron_operator.core.jobstatus import JobStatus
 from megatron_operator.core.kueue import KueueError, QueuedState, WorkloadPhase
 from megatron_operator.core.observe import PodView
 from megatron_operator.core.planner import Plan
+from megatron_operator.core.render import Pods
 
 Obj = dict[str, Any]
 C = ConditionType
@@ -262,25 +263,31 @@ class Queueing:
         self.host.cond(C.ADMITTED, False, Reason.SUSPENDED, "spec.suspend is true")
 
     # --- the pods to create ------------------------------------------------------------------
-    def admitted_pods(self, objs: list[Obj]) -> list[Obj]:
-        """The rendered pods merged with the admission. A flavor that contradicts the pods
-        creates none of them (and says so): the job's nodeSelector must agree with it."""
+    def admitted_pods(self, objs: Pods) -> Pods | None:
+        """The rendered pods merged with the admission (as each is rendered). A flavor that
+        contradicts the pods creates none of them (and says so; None): the job's nodeSelector
+        must agree with it. What the merge reads (nodeSelector, tolerations, labels) is the same
+        on every pod of the gang, so the first pod shows a conflict for all."""
         state = self.state
         if state is None or state.phase is not WorkloadPhase.ADMITTED:
             return objs
+        flavors = self.q.flavors
         try:
             assignment = state.assignment(kueue.PODSET_TRAINER)
             updates = state.updates_for(assignment.name)
             tas = state.tas_for(assignment.name)
-            merged = [
-                kueue.admission_pod_patch(o, assignment, self.q.flavors, updates, tas) for o in objs
-            ]
+
+            def patch(o: Obj) -> Obj:
+                return kueue.admission_pod_patch(o, assignment, flavors, updates, tas)
+
+            if len(objs):
+                patch(objs[0])
         except KueueError as exc:
             message = f"cannot create the admitted pods: {exc}"
             if self.host.cond(C.PODS_SCHEDULED, False, Reason.ADMISSION_CONFLICT, message):
                 self.host.event(EventType.WARNING, Reason.ADMISSION_CONFLICT, message)
-            return []
-        return merged
+            return None
+        return objs.patched(patch)
 
     # --- after everything --------------------------------------------------------------------
     def settle(self, pods: list[PodView], current: list[PodView]) -> WorkloadActions:

@@ -26,7 +26,7 @@ The same machine drives `mjob run --local`, over process groups instead of pods.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -57,7 +57,7 @@ from megatron_operator.core.policy import (
     first_failure,
 )
 from megatron_operator.core.queueing import Queueing, QueueWorld, WorkloadActions
-from megatron_operator.core.render import children, pod, recorded_spec
+from megatron_operator.core.render import Pods, children, recorded_spec
 
 Obj = dict[str, Any]
 C = ConditionType
@@ -115,8 +115,10 @@ class Outcome:
     # Pods already being deleted on a lost node: only a delete with no grace period removes them
     # (their kubelet is gone), and the next attempt waits for them.
     force_delete: list[str] = field(default_factory=list)
-    # Objects to create, in order: the job's other children (get-or-create), then its pods.
+    # Objects to create, in order: the job's other children (get-or-create), then its pods,
+    # which are rendered one at a time as the create calls read them (core/render.Pods).
     create: list[Obj] = field(default_factory=list)
+    pods: Pods | None = None
     delete_job: bool = False
     requeue_after: float = 60.0
     restart_reason: str | None = None  # for the restarts_total metric
@@ -125,8 +127,8 @@ class Outcome:
     workload: WorkloadActions | None = None  # Kueue Workload writes (queued jobs only)
 
     @property
-    def create_pods(self) -> list[Obj]:
-        return [o for o in self.create if o["kind"] == "Pod"]
+    def create_pods(self) -> Sequence[Obj]:
+        return self.pods if self.pods is not None else []
 
 
 def _strip(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -557,15 +559,17 @@ class _Machine:
         if any(x.active for x in stale):
             # An older attempt's live pod holds the same hostname (MASTER_ADDR) until it stops.
             return
-        # Only the pods to create are rendered: a huge job never sits in memory whole.
-        created = [pod(job, p, r, n) for r in missing]
-        if self.queue is not None:
+        # Only the pods to create are rendered, each when its create call reads it: a huge job
+        # never sits in memory whole.
+        created: Pods | None = Pods(job, p, missing, n)
+        if self.queue is not None and created is not None:
             created = self.queue.admitted_pods(created)
-        self.out.create = [*children(job, p, isolate=isolate), *created] if created else []
+        if created:
+            self.out.create, self.out.pods = children(job, p, isolate=isolate), created
 
     def blocked(self, conflict: str) -> None:
         """A child's name is taken by someone else's object: create nothing, and say so once."""
-        self.out.create = []
+        self.out.create, self.out.pods = [], None
         self.deadlines.append(self.now + timedelta(seconds=CONFLICT_RETRY_SECONDS))
         if self.cond(C.CHILDREN_OWNED, False, Reason.CHILD_CONFLICT, conflict[:1000]):
             self.event(EventType.WARNING, Reason.CHILD_CONFLICT, conflict)
@@ -899,7 +903,7 @@ class _Machine:
         if soonest is not None:
             wait = max((soonest - self.now).total_seconds(), 0.0) + 0.05
             self.out.requeue_after = min(self.out.requeue_after, wait)
-        busy = self.out.delete_pods or self.out.create or self.out.force_delete
+        busy = self.out.delete_pods or self.out.create or self.out.pods or self.out.force_delete
         if self.quiet and not busy:
             self.out.requeue_after = wait if soonest is not None else math.inf
         if busy:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import Any, overload
 
 from megatron_contract import env as contract_env
 from megatron_contract import paths
@@ -51,7 +51,7 @@ from megatron_operator.core.names import (
     service_name,
     trainer_account_name,
 )
-from megatron_operator.core.overlay import overlay
+from megatron_operator.core.overlay import overlay, prepared
 from megatron_operator.core.planner import Plan
 from megatron_operator.core.trainer_config import checkpoint_dir, trainer_config
 
@@ -440,8 +440,12 @@ def restart_strategy(job: MegatronJob) -> str:
     return "Recreate" if job.spec.trainer is not None else job.spec.restart_policy.strategy
 
 
-def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
-    """One node's pod, with spec.template laid over it (core/overlay.py)."""
+def pod(
+    job: MegatronJob, plan: Plan, node_rank: int, attempt: int, template: Obj | None = None
+) -> Obj:
+    """One node's pod, with spec.template laid over it (core/overlay.py; `template` is
+    `overlay.prepared(job.spec.template)` when the caller holds it). The template's parts are
+    shared with the job's other pods: read-only."""
     s = job.spec
     volumes, mounts = _volumes(job)
     caps: Obj = {"drop": ["ALL"]}
@@ -507,11 +511,75 @@ def pod(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> Obj:
         ANNOTATION_RESTART_STRATEGY: restart_strategy(job),
     }
     rendered = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
-    return overlay(rendered, s.template)
+    return overlay(rendered, s.template, template)
 
 
 def pods(job: MegatronJob, plan: Plan, attempt: int) -> list[Obj]:
-    return [pod(job, plan, n, attempt) for n in range(plan.nodes)]
+    return list(Pods(job, plan, range(plan.nodes), attempt))
+
+
+class Pods(Sequence[Obj]):
+    """Pods of one attempt, rendered one at a time as they are read: the creates of a 1,024-pod
+    gang read them batch by batch (cluster/kube.py), so the gang is never in memory whole, and
+    every pod shares the one prepared template. Names need no rendering. `patch` is applied to
+    each pod as it is rendered (the Kueue admission)."""
+
+    def __init__(
+        self,
+        job: MegatronJob,
+        plan: Plan,
+        ranks: Sequence[int],
+        attempt: int,
+        patch: Callable[[Obj], Obj] | None = None,
+        template: Obj | None = None,
+    ) -> None:
+        self.job, self.plan, self.ranks, self.attempt, self.patch = job, plan, ranks, attempt, patch
+        if template is None and job.spec.template is not None:
+            template = prepared(job.spec.template)
+        self.template = template
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    @overload
+    def __getitem__(self, index: int) -> Obj: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Pods: ...
+
+    def __getitem__(self, index: int | slice) -> Obj | Pods:
+        if isinstance(index, slice):
+            return self._with(self.ranks[index])
+        obj = pod(self.job, self.plan, self.ranks[index], self.attempt, self.template)
+        return self.patch(obj) if self.patch is not None else obj
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, tuple, Pods)):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Pods({self.job.name}, attempt {self.attempt}, ranks {list(self.ranks)})"
+
+    def _with(self, ranks: Sequence[int], patch: Callable[[Obj], Obj] | None = None) -> Pods:
+        return Pods(self.job, self.plan, ranks, self.attempt, patch or self.patch, self.template)
+
+    @property
+    def names(self) -> list[str]:
+        return [pod_name(self.job.name, r, self.attempt) for r in self.ranks]
+
+    def without(self, names: Collection[str]) -> Pods:
+        """These pods but those named."""
+        return self._with(
+            [r for r, n in zip(self.ranks, self.names, strict=True) if n not in names]
+        )
+
+    def patched(self, patch: Callable[[Obj], Obj]) -> Pods:
+        """These pods, each with `patch` applied (after any patch they had)."""
+        before = self.patch
+        return self._with(self.ranks, patch if before is None else lambda o: patch(before(o)))
 
 
 def children(job: MegatronJob, plan: Plan, *, isolate: bool = False) -> list[Obj]:
@@ -537,8 +605,7 @@ def render_iter(
     """`render`, one object at a time: `mjob render` of a 4,096-pod job writes each pod as it is
     rendered instead of holding them all (and their YAML) in memory."""
     yield from children(job, plan, isolate=isolate)
-    for n in range(plan.nodes):
-        yield pod(job, plan, n, attempt)
+    yield from Pods(job, plan, range(plan.nodes), attempt)
 
 
 def as_list(objs: list[Obj]) -> Obj:

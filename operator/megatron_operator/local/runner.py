@@ -219,7 +219,7 @@ class LocalRunner:
                 r.log.close()
                 del self.pods[r.name]
         if out.create_pods:
-            self._start(out.create, attempt)
+            self._start([*out.create, *out.create_pods], attempt)
         elif any(o["kind"] == "ConfigMap" for o in out.create):  # released in place
             self._write_config(out.create)
 
