@@ -6,6 +6,8 @@ the evidence, with `mjob operator` running.
 - one job uses all of it (a data claim, an annotation, an imagePullSecrets entry, an env var from
   a Secret, a native and an ordinary sidecar) and its pods carry each one;
 - a pod the apiserver finds invalid becomes the CreateFailure condition with its message;
+- a 0.9 MB template is refused by the apiserver, and one within the CRD's caps but over the
+  template's budget by the operator, before it plans;
 - `mjob status` tells the story of a job on the current kubeconfig;
 - the chart's admission policy enforces its template allow-lists.
 """
@@ -23,7 +25,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from tests.unit.template_cases import FULL_TEMPLATE, REFUSED, Refused
+from tests.unit.template_cases import FULL_TEMPLATE, REFUSED, Refused, heavy_template
 
 from .conftest import REPO, Cluster
 from .operator_support import (
@@ -39,6 +41,7 @@ from .operator_support import (
 )
 
 CHART = str(REPO / "charts" / "megatron-operator")
+OVER_BUDGET = heavy_template(16 * (256 * 3 + 6), 200_000)
 
 
 @pytest.fixture(scope="module")
@@ -154,11 +157,37 @@ def test_one_job_uses_all_of_it(cluster: Cluster, namespace: str, operator: Op) 
     assert "s3cr3t" not in job_text and "s3cr3t" not in config_text
 
 
+def test_an_oversized_template_reaches_neither_the_operator_nor_a_pod(
+    cluster: Cluster, namespace: str, operator: Op
+) -> None:
+    # 0.9 MB of DNS options on 64 nodes (a 0.9 MB template once cost the operator 13 MB per
+    # rendered pod): the apiserver refuses it, naming the field.
+    options = [{"name": f"opt{i:05d}"} for i in range(45_000)]
+    doc = tiny_gpu_job("huge", nodes=64, template={"spec": {"dnsConfig": {"options": options}}})
+    text = json.dumps(doc)
+    assert 0.85e6 < len(text) < 1.0e6
+    proc = cluster.kubectl("create", "-n", namespace, "-f", "-", input=text, check=False)
+    assert proc.returncode != 0
+    assert "spec.template.spec.dnsConfig.options: Too many: 45000: must have at most 16" in (
+        proc.stderr
+    ), proc.stderr[:2000]
+    # Within every cap of the CRD but over the template's budget (12,000 values): stored, and
+    # refused by the operator before it plans anything, naming the field.
+    heavy = json.dumps(tiny_gpu_job("heavy", nodes=64, template=OVER_BUDGET))
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=heavy)
+    st = wait_phase(cluster, namespace, "heavy", "Failed", timeout=60)
+    failed = condition(st, "Failed")
+    assert failed is not None and failed["reason"] == "InvalidSpec", st
+    assert failed["message"].startswith("spec.template: the template holds 12,"), failed
+    assert "(spec.template.spec.containers: " in failed["message"]
+    assert pods(cluster, namespace, "heavy") == [] and "layout" not in st
+
+
 def test_a_pod_the_apiserver_refuses_is_a_create_failure(
     cluster: Cluster, namespace: str, operator: Op
 ) -> None:
-    # Two sources in one volume: the CRD keeps volume sources as given, the pod's own
-    # validation refuses them when the operator creates the pod.
+    # Two sources in one volume: the CRD does not check that a volume has one source, the
+    # pod's own validation refuses them when the operator creates the pod.
     bad = {"spec": {"volumes": [{"name": "two", "emptyDir": {}, "hostPath": {"path": "/tmp"}}]}}
     cluster.apply(tiny_gpu_job("refused", nodes=1, template=bad), namespace)
     st = wait_phase(cluster, namespace, "refused", "Failed", timeout=60)

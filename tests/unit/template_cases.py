@@ -347,7 +347,12 @@ def heavy_template(values: int, size: int) -> dict[str, Any]:
         containers.append({"name": f"s{len(containers)}", "image": "x:1", "env": env})
         left -= 3 * n + 6
     template: dict[str, Any] = {"spec": {"containers": containers}}
-    pad = size - len(json.dumps(template, separators=(",", ":"))) - 64
-    if pad > 0:
-        template["metadata"] = {"annotations": {"example.com/pad": "x" * pad}}
+    pad = size - len(json.dumps(template, separators=(",", ":")))
+    annotations: dict[str, str] = {}
+    while pad > 100:  # each annotation value within the CRD's cap of 65,536
+        chunk = min(pad - 64, 60_000)
+        annotations[f"example.com/pad{len(annotations)}"] = "x" * chunk
+        pad -= chunk + 64
+    if annotations:
+        template["metadata"] = {"annotations": annotations}
     return template
