@@ -336,7 +336,11 @@ def test_install_upgrade_uninstall_with_a_running_job(
         assert can("create", "networkpolicies", "-n", jobs_namespace) == "yes"
         assert can("create", "pods", "-n", "kube-system") == "no"
         assert can("list", "megatronjobs", "-n", "default") == "no"
-        assert can("get", "secrets", "-n", jobs_namespace) == "no"
+        # Secrets: the jobs' coordinator keys, created and read back for the ownership check,
+        # never updated (creating pods there could mount any Secret anyway).
+        assert can("create", "secrets", "-n", jobs_namespace) == "yes"
+        assert can("update", "secrets", "-n", jobs_namespace) == "no"
+        assert can("get", "secrets", "-n", "default") == "no"
         assert can("watch", "nodes") == "yes"
         assert can("delete", "nodes") == "no"
         user = f"system:serviceaccount:{namespace}:{sa}"

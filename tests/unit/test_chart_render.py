@@ -194,7 +194,8 @@ def test_namespaced_mode_grants_roles_in_watched_namespaces_only() -> None:
     rules = roles["team-a"]["rules"]
     assert rules_for(rules, "pods") >= {"create", "delete", "watch"}
     assert "update" not in rules_for(rules, "megatronjobs")
-    assert rules_for(rules, "secrets") == set()
+    # The jobs' coordinator keys: created, read back for the ownership check, never updated.
+    assert rules_for(rules, "secrets") == {"get", "list", "create", "delete"}
 
     # Cluster-wide mode: the same namespaced rules, in the ClusterRole, and no Role.
     wide = render("clusterWide=true")

@@ -120,6 +120,8 @@ OWNED_VOLUMES: Final[dict[str, str]] = {
     paths.VOLUME_MSC_CONFIG: "spec.checkpoint.msc.configSecret, mounted at "
     f"{paths.MSC_CONFIG_MOUNT}",
     paths.VOLUME_SCRATCH: f"the scratch directory of checkpoint.url, at {paths.SCRATCH_MOUNT}",
+    paths.VOLUME_COORDINATOR: "the launchers' coordinator key, mounted at "
+    f"{paths.COORDINATOR_KEY_MOUNT}",
 }
 OWNED_MOUNT_PATHS: Final = (
     paths.CONFIG_MOUNT,
@@ -129,6 +131,7 @@ OWNED_MOUNT_PATHS: Final = (
     paths.INIT_MOUNT,
     paths.MSC_CONFIG_MOUNT,
     paths.SCRATCH_MOUNT,
+    paths.COORDINATOR_KEY_MOUNT,
 )
 # Pod fields the gang depends on (camelCase): why each is the operator's.
 OWNED_POD_FIELDS: Final[dict[str, str]] = {

@@ -10,8 +10,10 @@ call is idempotent and never removes an object other than the one observed. Pods
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -20,6 +22,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from megatron_contract.paths import COORDINATOR_KEY
 from megatron_operator.api.job import GROUP, KIND, PLURAL, VERSION
 from megatron_operator.cluster.gangcalls import FairPool, slow_start
 from megatron_operator.core.names import LABEL_JOB_NAME, MANAGED_BY, SPEC_KEY, config_map_name
@@ -100,6 +103,16 @@ def _pages(method: Any, *args: Any, **kwargs: Any) -> Iterator[tuple[list[Obj], 
         token = meta.get("continue")
         if not token:
             return
+
+
+def with_coordinator_key(obj: Obj) -> Obj:
+    """The job's coordinator Secret with a fresh random key (the renderer leaves it out: the
+    core is deterministic). Used only when the Secret is created; an existing one of the job
+    keeps its key, which its running pods mount."""
+    if obj.get("kind") != "Secret" or (obj.get("data") or {}).get(COORDINATOR_KEY):
+        return obj
+    key = base64.b64encode(secrets.token_bytes(32)).decode()
+    return {**obj, "data": {**(obj.get("data") or {}), COORDINATOR_KEY: key}}
 
 
 def _retained(obj: Obj) -> bool:
@@ -340,6 +353,12 @@ class Kube:
         """create, read, replace and delete of a child kind (namespace, then name/body)."""
         core, rbac, net = self.core, self.rbac, self.networking
         return {
+            "Secret": (
+                core.create_namespaced_secret,
+                core.read_namespaced_secret,
+                core.replace_namespaced_secret,
+                core.delete_namespaced_secret,
+            ),
             "ConfigMap": (
                 core.create_namespaced_config_map,
                 core.read_namespaced_config_map,
@@ -417,6 +436,7 @@ class Kube:
         job's own (ChildConflict otherwise); the ConfigMap and the Role are then replaced, since
         a new attempt may run a changed spec (e.g. a resize while suspended) and new pods."""
         key = self.claim_key
+        objs = [with_coordinator_key(o) for o in objs]
         for obj in [sealed(o, key) if _retained(o) and key is not None else o for o in objs]:
             create, _, replace, _ = self._methods(obj["kind"])
             ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
@@ -493,6 +513,7 @@ class Kube:
             ("Pod", core.list_namespaced_pod),
             ("ServiceAccount", core.list_namespaced_service_account),
             ("ConfigMap", core.list_namespaced_config_map),
+            ("Secret", core.list_namespaced_secret),
             ("PersistentVolumeClaim", core.list_namespaced_persistent_volume_claim),
             ("Role", rbac.list_namespaced_role),
             ("RoleBinding", rbac.list_namespaced_role_binding),

@@ -42,6 +42,7 @@ from megatron_operator.core.names import (
     MASTER_NODE_RANK,
     SPEC_KEY,
     config_map_name,
+    coordinator_secret_name,
     hostname,
     master_addr,
     network_policy_name,
@@ -184,6 +185,18 @@ def pvc(job: MegatronJob) -> Obj | None:
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}
 
 
+def coordinator_secret(job: MegatronJob) -> Obj:
+    """The Secret of the job's coordinator key. Rendered without the key: the operator's shell
+    generates it when it creates the Secret (once: an existing Secret of the job is kept, as
+    its running pods mount it). `mjob render` shows it so."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(job, coordinator_secret_name(job.name)),
+        "type": "Opaque",
+    }
+
+
 def progress_lease(job: MegatronJob) -> Obj:
     """The Lease rank 0 writes its progress record to (docs/contract.md §4). Its renewTime is
     the heartbeat of the hang rule; the operator only creates it, the trainer only updates it."""
@@ -257,11 +270,13 @@ def _env(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> list[Obj
         **_layout_env(job, plan),
         e.RESTART_STRATEGY: restart_strategy(job),
         e.COORDINATOR_PORT: str(DEFAULT_COORDINATOR_PORT),
+        e.COORDINATOR_KEY_FILE: paths.COORDINATOR_KEY_PATH,
     }
     env: list[Obj] = [{"name": k, "value": v} for k, v in plain.items()]
     env += [
         {"name": e.POD_NAME, "valueFrom": field("metadata.name")},
         {"name": e.POD_NAMESPACE, "valueFrom": field("metadata.namespace")},
+        {"name": e.POD_IP, "valueFrom": field("status.podIP")},
     ]
     env += [{"name": k, "value": v} for k, v in network.env(job.spec).items()]
     env += [{"name": e.name, "value": e.value} for e in job.spec.env]
@@ -366,6 +381,25 @@ def _volumes(job: MegatronJob) -> tuple[list[Obj], list[Obj]]:
         {"name": paths.VOLUME_CONFIG, "configMap": {"name": config_map_name(job.name)}}
     ]
     mounts: list[Obj] = [{"name": paths.VOLUME_CONFIG, "mountPath": CONFIG_MOUNT, "readOnly": True}]
+    # The coordinator key: only the job's own pods mount it (the trainer's ServiceAccount cannot
+    # read Secrets), so only its launchers can join its coordinator.
+    volumes.append(
+        {
+            "name": paths.VOLUME_COORDINATOR,
+            "secret": {
+                "secretName": coordinator_secret_name(job.name),
+                "items": [{"key": paths.COORDINATOR_KEY, "path": paths.COORDINATOR_KEY}],
+                "defaultMode": 0o440,
+            },
+        }
+    )
+    mounts.append(
+        {
+            "name": paths.VOLUME_COORDINATOR,
+            "mountPath": paths.COORDINATOR_KEY_MOUNT,
+            "readOnly": True,
+        }
+    )
     if c.volume is not None:
         claim = c.volume.claim_name or pvc_name(job.name)
         volumes.append(
@@ -583,9 +617,16 @@ class Pods(Sequence[Obj]):
 
 
 def children(job: MegatronJob, plan: Plan, *, isolate: bool = False) -> list[Obj]:
-    """The children other than pods, in creation order: identity, progress Lease, config,
-    Service, claim, and with `isolate` the NetworkPolicy (the operator's --network-policy)."""
-    objs: list[Obj] = [*trainer_rbac(job), progress_lease(job), config_map(job, plan), service(job)]
+    """The children other than pods, in creation order: identity, progress Lease, coordinator
+    key, config, Service, claim, and with `isolate` the NetworkPolicy (the operator's
+    --network-policy)."""
+    objs: list[Obj] = [
+        *trainer_rbac(job),
+        progress_lease(job),
+        coordinator_secret(job),
+        config_map(job, plan),
+        service(job),
+    ]
     if isolate:
         objs.append(network_policy(job))
     claim = pvc(job)
