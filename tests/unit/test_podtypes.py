@@ -52,10 +52,7 @@ def _kind(node: dict[str, Any]) -> str:
 def _compare(ours: dict[str, Any], theirs: dict[str, Any], path: str, defs: dict[str, Any],
              problems: list[str]) -> None:  # fmt: skip
     theirs = _resolve(theirs, defs)
-    if "oneOf" in theirs:  # IntOrString, Quantity
-        kinds = {"int-or-string"}
-    else:
-        kinds = {_kind(theirs)}
+    kinds = {"int-or-string"} if "oneOf" in theirs else {_kind(theirs)}  # IntOrString, Quantity
     if _kind(ours) not in kinds and not (_kind(ours) == "int-or-string" and kinds == {""}):
         problems.append(f"{path}: type {_kind(ours)}, Kubernetes has {kinds}")
         return
