@@ -326,6 +326,10 @@ def test_a_peer_without_the_key_changes_nothing(gang: Gang) -> None:
     assert all(alive(p) for p in first.values())  # no rank was stopped
     assert all(p.poll() is None for p in gang.launchers.values())
     assert gang.logs().count("a hello as node rank 1 without the job's key") == 2
+    for _ in range(20):  # a peer reconnecting in a loop does not flood the pod's log
+        with _forge(gang, 1, b"0" * 32) as sock:
+            assert _closed(sock)
+    assert gang.logs().count("coordinator: dropping a connection") == 5
     gang.finish(0)
     assert {n: p.wait(timeout=20) for n, p in gang.launchers.items()} == {0: 0, 1: 0}
 

@@ -61,6 +61,9 @@ from .wire import (
 
 log = logging.getLogger(__name__)
 
+DROP_LOG_WINDOW_SECONDS = 60.0
+DROP_LOG_PER_WINDOW = 5
+
 # Failures and dropped launchers arrive in bursts (one rank dies, its peers lose it a moment
 # later): the report waits this long for the rest of the burst before it is written.
 REPORT_SETTLE_SECONDS = 0.05
@@ -128,6 +131,7 @@ class Coordinator:
         self.sink = sink
         self.clients: dict[Conn, Client] = {}
         self.pending: dict[Conn, None] = {}  # connected, no valid hello yet: oldest first
+        self.drops_since, self.drops_said, self.drops_unsaid = time.monotonic(), 0, 0
         self.by_node: dict[int, Conn] = {}
         self.lost: dict[int, LostLauncher] = {}
         self.failures: list[RankFailure] = []
@@ -257,10 +261,27 @@ class Coordinator:
             for message in conn.receive():
                 self._handle(conn, message)
         except ProtocolError as err:
-            log.warning("coordinator: dropping a connection: %s", err)
+            self._dropped(str(err))
             conn.close()
         if conn.closed:
             self._gone(conn)
+
+    def _dropped(self, why: str) -> None:
+        """Say why a connection was dropped: the first few a minute, then how many more (a
+        peer that reconnects in a loop must not flood the pod's log)."""
+        now = time.monotonic()
+        if now - self.drops_since >= DROP_LOG_WINDOW_SECONDS:
+            if self.drops_unsaid:
+                log.warning(
+                    "coordinator: dropped %d more connections in the last minute",
+                    self.drops_unsaid,
+                )
+            self.drops_since, self.drops_said, self.drops_unsaid = now, 0, 0
+        if self.drops_said < DROP_LOG_PER_WINDOW:
+            self.drops_said += 1
+            log.warning("coordinator: dropping a connection: %s", why)
+        else:
+            self.drops_unsaid += 1
 
     def _gone(self, conn: Conn) -> None:
         self.pending.pop(conn, None)
