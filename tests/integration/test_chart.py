@@ -246,6 +246,15 @@ def test_admission_policy_on_the_apiserver(cluster: Cluster, namespace: str) -> 
             "image host prefix": (bad(image="registry.example.evil.io/x:1"), "is not allowed"),
             "image path prefix": (bad(image="registry.example-evil/ml:1"), "is not allowed"),
             "image without registry": (bad(image="trainer:1"), "docker.io/library/trainer"),
+            # An uppercase first component is a registry host to the runtime, not a Hub path.
+            "image with an uppercase host": (
+                bad(image="Evilhost/trainer:1"),
+                "(repository Evilhost/trainer)",
+            ),
+            "a system priority": (
+                bad(priorityClassName="system-cluster-critical"),
+                "is for the cluster's own components",
+            ),
             "pull policy": (bad(imagePullPolicy="IfNotPresent"), "must be Always"),
             "node selector": (
                 bad(resources__nodeSelector={"node-role.kubernetes.io/control-plane": ""}),

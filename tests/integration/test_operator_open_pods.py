@@ -270,7 +270,7 @@ def test_the_admission_policy_holds_the_template_allow_lists(
             ),
             "a sidecar from elsewhere": (
                 {"spec": {"containers": [{"name": "x", "image": "docker.io/evil:1"}]}},
-                "spec.template.spec: an init or sidecar container's image is not from an allowed",
+                "spec.template.spec: an init or sidecar container's image, or an image volume's",
             ),
             # A prefix match would let this one through: the repository is read as a whole.
             "a look-alike registry": (
@@ -285,7 +285,7 @@ def test_the_admission_policy_holds_the_template_allow_lists(
                         ]
                     }
                 },
-                "spec.template.spec: an init or sidecar container's image is not from an allowed",
+                "spec.template.spec: an init or sidecar container's image, or an image volume's",
             ),
             "a sidecar from a node's cache": (
                 {
@@ -330,5 +330,152 @@ def test_the_admission_policy_holds_the_template_allow_lists(
             }
         }
         assert attempt(allowed) == ""
+    finally:
+        cluster.helm("uninstall", release, "-n", namespace, check=False)
+
+
+def test_the_multi_tenant_profile_holds_what_a_template_can_reach(
+    cluster: Cluster, namespace: str, custom: Any
+) -> None:
+    """The chart's multi-tenant profile on the apiserver: a template reaching other tenants (a
+    pod affinity term over every namespace, node labels outside the allow-list), the node (a
+    privileged root init container, an unlisted RuntimeClass, a hostPort), storage outside the
+    namespace (NFS, an ephemeral claim bound to a named volume) or an unlisted registry (an
+    image volume, an uppercase registry host), and a job at a system priority, are each refused
+    naming the field; a plain template is accepted."""
+    release = "mt"
+    cluster.helm(
+        "install", release, CHART, "-n", namespace, "--wait=false",
+        "-f", str(REPO / "charts" / "megatron-operator" / "values-multi-tenant.yaml"),
+        "--set", "crds.install=false",
+        "--set", f"watchNamespaces={{{namespace}}}",
+        "--set", "admissionPolicy.images.allowed={registry.example/*,docker.io/*}",
+    )  # fmt: skip
+    policy = f"{release}-megatron-operator-limits"
+    try:
+
+        def attempt(template: dict[str, Any], **spec: Any) -> str:
+            doc = tiny_gpu_job(
+                "mt", nodes=1, image="registry.example/trainer:1", imagePullPolicy="Always",
+                template=template, **spec,
+            )  # fmt: skip
+            proc = cluster.kubectl(
+                "create", "--dry-run=server", "-n", namespace, "-f", "-",
+                input=yaml.safe_dump(doc), check=False,
+            )  # fmt: skip
+            return "" if proc.returncode == 0 else proc.stderr
+
+        def sidecar(**fields: Any) -> dict[str, Any]:
+            c = {"name": "x", "image": "registry.example/x:1", "imagePullPolicy": "Always"}
+            return {"spec": {"initContainers": [{**c, **fields}]}}
+
+        node_term = {"matchExpressions": [{"key": "team", "operator": "In", "values": ["b"]}]}
+        term = {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/os"}
+        image = {"reference": "evil.example/payload:1", "pullPolicy": "Always"}
+        claim = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+        deadline = time.monotonic() + 30  # the apiserver loads a new policy within seconds
+        while not attempt({}, priorityClassName="system-node-critical"):
+            assert time.monotonic() < deadline, "the policy never took effect"
+            time.sleep(0.5)
+        cases: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+            "anti-affinity over every namespace": (
+                {"spec": {"affinity": {"podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {**term, "namespaceSelector": {}}]}}}},
+                {},
+                "spec.template.spec.affinity.podAntiAffinity."
+                "requiredDuringSchedulingIgnoredDuringExecution[0].namespaceSelector",
+            ),
+            "node affinity to another pool": (
+                {"spec": {"affinity": {"nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [node_term]}}}}},
+                {},
+                "spec.template.spec.affinity.nodeAffinity: only these node label keys",
+            ),
+            "node affinity by node name": (
+                {"spec": {"affinity": {"nodeAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {
+                        "matchFields": [{"key": "metadata.name", "operator": "In",
+                                         "values": ["node-1"]}]}}]}}}},
+                {},
+                "matchFields (node names) never",
+            ),
+            "privileged root init container": (
+                sidecar(securityContext={"privileged": True, "runAsUser": 0}),
+                {},
+                "spec.template.spec.initContainers[0].securityContext.privileged",
+            ),
+            "hostPort": (
+                sidecar(ports=[{"containerPort": 80, "hostPort": 80}]),
+                {},
+                "spec.template.spec.initContainers[0].ports[0].hostPort",
+            ),
+            "a RuntimeClass": (
+                {"spec": {"runtimeClassName": "nvidia"}},
+                {},
+                "spec.template.spec.runtimeClassName is not allowed in this cluster",
+            ),
+            "an image volume from elsewhere": (
+                {"spec": {"volumes": [{"name": "v", "image": image}]}},
+                {},
+                "an image volume's reference, is not from an allowed repository",
+            ),
+            "an image volume from a node's cache": (
+                {"spec": {"volumes": [{"name": "v", "image": {
+                    "reference": "registry.example/data:1", "pullPolicy": "IfNotPresent"}}]}},
+                {},
+                "each image volume pullPolicy Always",
+            ),
+            # Docker Hub is allowed; `Evilhost/x` is not a Hub path but the registry Evilhost.
+            "an uppercase registry host": (
+                sidecar(image="Evilhost/x:1"),
+                {},
+                "is not from an allowed repository",
+            ),
+            "NFS": (
+                {"spec": {"volumes": [{"name": "v", "nfs": {"server": "10.0.0.1", "path": "/"}}]}},
+                {},
+                "spec.template.spec.volumes: only these volume types are allowed",
+            ),
+            "an ephemeral claim bound to a named volume": (
+                {"spec": {"volumes": [{"name": "v", "ephemeral": {"volumeClaimTemplate": {
+                    "spec": {**claim, "volumeName": "pv-of-team-b"}}}}]}},
+                {},
+                "an ephemeral volume may not name a PersistentVolume",
+            ),
+            "a system priority": ({}, {"priorityClassName": "system-node-critical"},
+                                  "spec.priorityClassName system-node-critical is for the cluster"),
+            "an unlisted priority": ({}, {"priorityClassName": "urgent"},
+                                     "spec.priorityClassName urgent is not allowed here"),
+        }  # fmt: skip
+        by_the_crd = {"anti-affinity over every namespace", "privileged root init container",
+                      "hostPort"}  # fmt: skip
+        for name, (template, spec, message) in cases.items():
+            err = attempt(template, **spec)
+            assert message in err, f"{name}: {err!r}"
+            assert (policy in err) != (name in by_the_crd), f"{name}: {err!r}"
+        plain = {
+            "metadata": {"labels": {"team": "a"}},
+            "spec": {
+                "volumes": [
+                    {"name": "d", "persistentVolumeClaim": {"claimName": "lustre"}},
+                    {"name": "s", "ephemeral": {"volumeClaimTemplate": {"spec": claim}}},
+                    {"name": "m", "image": {"reference": "registry.example/data:1",
+                                            "pullPolicy": "Always"}},
+                ],
+                **sidecar(restartPolicy="Always")["spec"],
+                "affinity": {
+                    "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 10, "podAffinityTerm": term}]},
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [
+                            {"key": "nvidia.com/gpu.product", "operator": "In",
+                             "values": ["H100"]}]}]}},
+                },
+                "securityContext": {"runAsUser": 2000, "fsGroup": 2000},
+            },
+        }  # fmt: skip
+        assert attempt(plain, priorityClassName="training") == ""
     finally:
         cluster.helm("uninstall", release, "-n", namespace, check=False)
