@@ -27,7 +27,7 @@ from megatron_operator.api.status import ConditionType, EventType, Phase, Reason
 from megatron_operator.core import kueue
 from megatron_operator.core.jobstatus import JobStatus
 from megatron_operator.core.kueue import KueueError, QueuedState, WorkloadPhase
-from megatron_operator.core.observe import PodView
+from megatron_operator.core.observe import PodView, controller_uid
 from megatron_operator.core.planner import Plan
 from megatron_operator.core.render import Pods
 
@@ -81,10 +81,13 @@ def _condition(st: JobStatus, type_: str) -> Mapping[str, Any] | None:
 class Queueing:
     """One reconcile's Kueue decisions for one queued job."""
 
-    def __init__(self, world: QueueWorld, host: Host, now: datetime) -> None:
+    def __init__(
+        self, world: QueueWorld, host: Host, now: datetime, uid: str | None = None
+    ) -> None:
         self.q = world
         self.host = host
         self.now = now
+        self.uid = uid  # the job's: only a Workload it controls (or takes over now) is written
         self.actions = WorkloadActions()
         self.state: QueuedState | None = (
             kueue.workload_state(world.workload) if world.workload is not None else None
@@ -135,7 +138,16 @@ class Queueing:
         it does not match the job (then Finished/OutOfSync, and MultiKueue dispatches again).
         True when there is nothing in the way (or no prebuilt Workload at all)."""
         raw, state = self.q.workload, self.state
-        if not kueue.prebuilt_workload(job) or raw is None or state is None:
+        prebuilt = kueue.prebuilt_workload(job)
+        if prebuilt is None:
+            return True
+        # Whose it is comes first: never a write (adoption, OutOfSync) to another job's Workload.
+        problem = kueue.prebuilt_name_problem(job.name, prebuilt)
+        if problem is not None:
+            self.host.delete(pods)
+            self._waiting(Reason.QUEUED, problem, EventType.WARNING)
+            return False
+        if raw is None or state is None:
             return True
         if state.phase is WorkloadPhase.FINISHED:
             return True
@@ -297,6 +309,9 @@ class Queueing:
         raw, state, st = self.q.workload, self.state, self.st
         if raw is None or state is None or state.phase is WorkloadPhase.FINISHED:
             return self.actions
+        ours = controller_uid(raw.get("metadata")) == self.uid and self.uid is not None
+        if not ours and self.actions.adopt is None:
+            return self.actions  # not the job's (a prebuilt Workload of another): never written
         self.actions.workload = state.name
         if st.phase in (Phase.SUCCEEDED, Phase.FAILED):
             ended = _condition(st, str(st.phase))

@@ -178,7 +178,10 @@ class _Machine:
         )
         # Only the job's own pods: a foreign pod with our label is never counted or deleted.
         self.pods = [p for p in world.pods if self.mine(p)]
-        self.queue = Queueing(world.queue, self, world.now) if world.queue is not None else None
+        uid = (world.job.get("metadata") or {}).get("uid")
+        self.queue = (
+            Queueing(world.queue, self, world.now, uid) if world.queue is not None else None
+        )
         # Finished, or suspended with every pod gone: nothing happens until the job changes, so
         # no resync either (only its deadlines, e.g. the TTL). The shell ends the job's loop.
         self.quiet = False
