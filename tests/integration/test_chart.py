@@ -170,10 +170,10 @@ def exported(text: str) -> set[str]:
 def test_chart_renders_pass_server_side_dry_run(
     cluster: Cluster, namespace: str, jobs_namespace: str
 ) -> None:
-    cluster.helm("lint", CHART, "--strict")
+    cluster.helm("lint", CHART, "--strict", "--set", f"watchNamespaces={{{jobs_namespace}}}")
     renders = {
-        "defaults": [],
-        "namespaced": [f"watchNamespaces={{{namespace},{jobs_namespace}}}"],
+        "defaults": [f"watchNamespaces={{{jobs_namespace}}}"],
+        "cluster-wide": ["clusterWide=true"],
         "everything": [*EVERYTHING, f"watchNamespaces={{{jobs_namespace}}}"],
     }
     for name, sets in renders.items():
@@ -205,6 +205,8 @@ def test_admission_policy_on_the_apiserver(cluster: Cluster, namespace: str) -> 
         "--wait=false",
         "--set",
         "crds.install=false",
+        "--set",
+        "clusterWide=true",
         *(a for s in EVERYTHING if s.startswith("admissionPolicy") for a in ("--set", s)),
     )
     policy = f"{release}-megatron-operator-limits"

@@ -239,7 +239,7 @@ def test_the_admission_policy_holds_the_template_allow_lists(
     release = "tpl"
     cluster.helm(
         "install", release, CHART, "-n", namespace, "--wait=false",
-        "--set", "crds.install=false",
+        "--set", "crds.install=false", "--set", "clusterWide=true",
         "--set", "admissionPolicy.enabled=true",
         "--set", "admissionPolicy.images.allowed={registry.example/*,docker.io/library/trainer}",
         "--set", "admissionPolicy.images.requirePullPolicyAlways=true",
@@ -347,8 +347,7 @@ def test_the_multi_tenant_profile_holds_what_a_template_can_reach(
     cluster.helm(
         "install", release, CHART, "-n", namespace, "--wait=false",
         "-f", str(REPO / "charts" / "megatron-operator" / "values-multi-tenant.yaml"),
-        "--set", "crds.install=false",
-        "--set", f"watchNamespaces={{{namespace}}}",
+        "--set", "crds.install=false", "--set", "clusterWide=true",
         "--set", "admissionPolicy.images.allowed={registry.example/*,docker.io/*}",
     )  # fmt: skip
     policy = f"{release}-megatron-operator-limits"

@@ -159,7 +159,9 @@ def cmd_operator(args: argparse.Namespace) -> int:
     queues = _queues(kube, args.kueue, tuple(args.namespace))
     metrics = Metrics()
     settings = Settings(
-        node_lost_grace_seconds=args.node_lost_grace_seconds, network_policy=args.network_policy
+        node_lost_grace_seconds=args.node_lost_grace_seconds,
+        network_policy=args.network_policy,
+        own_namespace=os.environ.get("POD_NAMESPACE") or None,  # in a pod (the chart sets it)
     )
     controller = Controller(kube, metrics, settings, queues=queues)
     runtime = handlers.Runtime(controller=controller, namespaces=tuple(args.namespace))

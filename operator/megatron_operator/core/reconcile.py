@@ -64,6 +64,11 @@ C = ConditionType
 CONFLICT_RETRY_SECONDS = 15.0
 REJECTED = "the apiserver rejected the pods rendered from it:"  # look again for the conflicting object to be gone
 CLOCK_SKEW_SECONDS = 60.0  # how far ahead of ours a pod's clock may be
+OWN_NAMESPACE = (
+    "{} is the operator's own namespace: it holds the operator's keys (the claim seal, the "
+    "metrics TLS key), which a job's pods could mount; create the job in a namespace the "
+    "operator watches for jobs"
+)
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,8 @@ class Settings:
     node_lost_grace_seconds: float = 30.0  # NotReady this long = the node is lost
     resync_seconds: float = 60.0  # reconcile at least this often
     network_policy: bool = False  # render the per-job NetworkPolicy (--network-policy)
+    # The operator's own namespace ($POD_NAMESPACE): its keys live there, so it takes no job.
+    own_namespace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,13 +143,15 @@ def _strip(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _validate(
-    world: World, phase: Phase | None
+    world: World, phase: Phase | None, own_namespace: str | None = None
 ) -> tuple[MegatronJob | None, Plan | None, list[FieldError]]:
     try:
         job = load_job(_strip(world.job))
         p = plan(job.spec)
     except SpecError as exc:
         return None, None, exc.errors
+    if own_namespace is not None and job.namespace == own_namespace:
+        return None, None, [FieldError("metadata.namespace", OWN_NAMESPACE.format(own_namespace))]
     if world.accepted_spec is not None:
         try:
             old = MegatronJobSpec.model_validate(dict(world.accepted_spec))
@@ -267,7 +276,7 @@ class _Machine:
     # --- the steps
     def run(self) -> Outcome:
         judged = self.st.observed_generation  # the spec generation the status speaks of
-        job, p, errors = _validate(self.w, self.st.phase)
+        job, p, errors = _validate(self.w, self.st.phase, self.s.own_namespace)
         if self.w.rejection is not None:
             errors = [FieldError("spec", f"{REJECTED} {self.w.rejection}")]
             # The apiserver's own words, as for any refusal (a template's field it validates).
