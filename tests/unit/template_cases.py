@@ -76,7 +76,7 @@ FULL_TEMPLATE: dict[str, Any] = {
                     "periodSeconds": 10,
                 },
                 "livenessProbe": {"tcpSocket": {"port": 9400}, "failureThreshold": 3},
-                "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
+                "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", "sleep 1"]}}},
                 "securityContext": {
                     "runAsUser": 2000,
                     "readOnlyRootFilesystem": True,
