@@ -53,12 +53,18 @@ STORED = heavy_template(16 * (256 * 3 + 6), 1_300_000)
 
 
 class Operator(cap.Operator):
-    """`mjob operator` watching one namespace, so each case sees only its own job."""
+    """`mjob operator` watching one namespace, so each case sees only its own job; with
+    `source`, the operator (and its CRD) of another source tree, for a before/after figure."""
+
+    source: Path | None = None
 
     def start_in(self, ns: str, log: Path) -> None:
+        tree = self.source or REPO
+        if self.source is not None:
+            self.env["PYTHONPATH"] = str(self.source / "operator")
         self.kubectl(
             "apply", "--server-side", "--force-conflicts", "-f",
-            str(REPO / "crds" / "megatronjobs.megatron.dev.yaml"),
+            str(tree / "crds" / "megatronjobs.megatron.dev.yaml"),
         )  # fmt: skip
         for _ in range(60):  # the CRD's status may not exist yet
             try:
@@ -142,6 +148,11 @@ def main() -> int:
     )
     parser.add_argument("--state", help="a running cluster's state dir (default: start one)")
     parser.add_argument("--nodes", type=int, nargs="+", default=[64, 1024])
+    parser.add_argument(
+        "--operator-source",
+        metavar="DIR",
+        help="run the operator of another source tree (e.g. `git archive` of an older commit)",
+    )
     args = parser.parse_args()
     started = args.state is None
     state = Path(args.state or tempfile.mkdtemp(prefix="megatron-tpl-"))
@@ -153,6 +164,9 @@ def main() -> int:
             capture_output=True,
         )
     op = Operator(state)
+    if args.operator_source:
+        op.source = Path(args.operator_source).resolve()
+        print(f"operator from {op.source}", flush=True)
     size = len(json.dumps(BUDGET, separators=(",", ":")))
     stored = len(json.dumps(STORED, separators=(",", ":")))
     print(

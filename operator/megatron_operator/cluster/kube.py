@@ -84,7 +84,7 @@ def call_json(method: Any, *args: Any, **kwargs: Any) -> Any:
     return json.loads(call(method, *args, **kwargs))
 
 
-LIST_PAGE = 50  # pods per page: 50 pods at the template budget are ~5 MB of JSON
+LIST_PAGE = 10  # pods per page: a pod at the template budget is ~1 MB of Python objects
 
 
 def _pages(method: Any, *args: Any, **kwargs: Any) -> Iterator[tuple[list[Obj], str | None]]:
