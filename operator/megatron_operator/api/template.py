@@ -191,6 +191,8 @@ def mount_path_owned(path: str) -> bool:
 
 # A path with an empty, '.' or '..' segment (the CRD states the same pattern).
 NOT_NORMAL_PATH_PATTERN: Final = r"//|(^|/)[.][.]?(/|$)"
+# As RE2 reads the pattern: `$` only at the very end (Python's would match before a last '\n').
+_NOT_NORMAL_PATH = re.compile(NOT_NORMAL_PATH_PATTERN.replace("$", r"\Z"))
 MOUNT_PATH_WHY: Final = (
     "a mount path of the trainer container must be in normal form (no '//', '.' or '..' "
     "segment): the operator compares it with its own mount paths"
@@ -398,7 +400,7 @@ class Container(ApiModel):
         _unique([m.mount_path for m in value or []], "mountPath")
         if info.data.get("name") == TRAINER_CONTAINER:
             for m in value or []:
-                if re.search(NOT_NORMAL_PATH_PATTERN, m.mount_path):
+                if _NOT_NORMAL_PATH.search(m.mount_path):
                     raise ValueError(f"{m.mount_path}: {MOUNT_PATH_WHY}")
                 if mount_path_owned(m.mount_path) or m.name in OWNED_VOLUMES:
                     raise ValueError(f"{m.name} at {m.mount_path}: {OWNED_MOUNT_WHY}")
