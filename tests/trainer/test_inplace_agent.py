@@ -398,3 +398,26 @@ def test_a_launcher_without_the_key_never_starts_its_ranks(tmp_path: Path) -> No
         assert all(p.poll() is None for p in gang.launchers.values())
     finally:
         gang.stop()
+
+
+def test_where_the_coordinator_listens_and_whether_the_key_is_usable(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from megatron_contract.env import runtime_env
+    from megatron_trainer.agent.inplace import listen_address, usable_key
+
+    gang = Gang(tmp_path)
+    env = runtime_env(gang.env(0))
+    assert listen_address(env) == "127.0.0.1"  # locally: loopback
+    pod = replace(env, master_addr="job-0.job.team.svc", pod_ip="10.1.2.3")
+    assert listen_address(pod) == "10.1.2.3"  # the pod's own IP: not a secondary network's
+    assert listen_address(replace(pod, pod_ip=None)) == ""  # unknown: every interface
+    assert usable_key(env) is None
+    # Without a key (an operator that mounts none, a Secret deleted by hand) the pod runs
+    # as with Recreate (launcher.py): no coordinator may listen unauthenticated.
+    assert "no coordinator key file" in str(usable_key(replace(env, coordinator_key_file=None)))
+    short = tmp_path / "short.key"
+    short.write_bytes(b"x" * 8)
+    assert "not a key" in str(usable_key(replace(env, coordinator_key_file=str(short))))
+    missing = str(tmp_path / "none.key")
+    assert "cannot be read" in str(usable_key(replace(env, coordinator_key_file=missing)))
