@@ -355,8 +355,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = config.parallelism
     parallel = (p.tensor, p.context, p.fsdp)
     if env.restart_strategy == IN_PLACE and config.trainer is None:
-        worker = [sys.executable, "-m", "megatron_trainer.worker"]
-        return _run_in_place(env, config, worker, cpu, parallel)
+        from .agent import inplace
+
+        problem = inplace.usable_key(env)
+        if problem is None:
+            worker = [sys.executable, "-m", "megatron_trainer.worker"]
+            return _run_in_place(env, config, worker, cpu, parallel)
+        # Only the job's pods hold the key; without it no coordinator may listen, so this pod
+        # runs as with Recreate (a failed rank fails the pod), as every pod of the gang does.
+        print(
+            f"megatron_trainer: restart strategy InPlace, but {problem}: running without "
+            "in-place restarts (a failed rank ends the pod)",
+            file=sys.stderr,
+            flush=True,
+        )
     # A trainer.command's pods are rendered with strategy Recreate (core/render.py): its ranks
     # are plain processes this supervisor starts once and the gang is recreated on a failure.
     progress_log = set_progress_log(config)

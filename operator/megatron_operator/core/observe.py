@@ -357,6 +357,27 @@ def pod_view(raw: dict[str, Any]) -> PodView:
     )
 
 
+_VIEWED_META = ("name", "namespace", "labels", "uid", "deletionTimestamp", "ownerReferences")
+
+
+def slim_pod(raw: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a pod that pod_view and the caches read: a list of a whole gang keeps this
+    instead of every pod's spec (its template, its sidecars)."""
+    meta = raw.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    kept = {k: meta[k] for k in _VIEWED_META if k in meta}
+    if ANNOTATION_RESTART_STRATEGY in annotations:
+        kept["annotations"] = {
+            ANNOTATION_RESTART_STRATEGY: annotations[ANNOTATION_RESTART_STRATEGY]
+        }
+    node = (raw.get("spec") or {}).get("nodeName")
+    return {
+        "metadata": kept,
+        "spec": {"nodeName": node} if node else {},
+        "status": raw.get("status") or {},
+    }
+
+
 def controller_uid(meta: Any) -> str | None:
     """The uid of an object's controller ownerReference (metadata), or None."""
     refs = meta.get("ownerReferences") if isinstance(meta, dict) else None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -172,6 +173,7 @@ class LocalRunner:
 
     def _run(self) -> Result:
         self.layout.checkpoints.mkdir(parents=True, exist_ok=True)
+        write_key(self.layout.coordinator_key)
         self.progress.read_new()  # skip reports of an earlier run in this workdir
         for stale in (self.layout.status, self.layout.report):  # an earlier run's decisions
             stale.unlink(missing_ok=True)
@@ -223,7 +225,7 @@ class LocalRunner:
                 r.log.close()
                 del self.pods[r.name]
         if out.create_pods:
-            self._start(out.create, attempt)
+            self._start([*out.create, *out.create_pods], attempt)
         elif any(o["kind"] == "ConfigMap" for o in out.create):  # released in place
             self._write_config(out.create)
 
@@ -398,6 +400,15 @@ def _read(path: Path) -> str | None:
         return path.read_text(encoding="utf-8")
     except OSError:
         return None
+
+
+def write_key(path: Path) -> None:
+    """A fresh coordinator key for this run, readable by this user only (created so: never a
+    moment with wider permissions)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_bytes(32))
 
 
 def _write_atomically(path: Path, text: str) -> None:
