@@ -66,8 +66,6 @@ def render(
     *sets: str, namespace: str = "megatron-system", values: str | None = None
 ) -> list[dict[str, Any]]:
     args = ["template", "mo", str(CHART), "-n", namespace, *(["-f", values] if values else [])]
-    if not any(s.startswith(("watchNamespaces=", "clusterWide=")) for s in sets):
-        sets = ("watchNamespaces={team-a}", *sets)  # required: the release namespace takes no jobs
     for item in sets:
         args += ["--set", item]
     out = run_helm(*args).stdout

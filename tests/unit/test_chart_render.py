@@ -313,7 +313,6 @@ def test_listing_namespaces_is_the_narrowest_install() -> None:
     rules = roles[0]["rules"]
     # The garbage collector deletes a job's progress Lease; the operator may not.
     assert rules_for(rules, "leases") == {"get", "list", "watch", "create", "update", "patch"}
-    assert rules_for(rules, "secrets") == set()
     # The metrics reader role for Prometheus, and the guardrail policies, are on by default.
     reader = next(
         r for r in of_kind(objs, "ClusterRole") if r["metadata"]["name"].endswith("-metrics-reader")
