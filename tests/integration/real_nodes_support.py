@@ -147,6 +147,7 @@ def start_real_cluster(real_nodes: int = REAL_NODE_COUNT) -> RealCluster:
     except BaseException:
         shutil.rmtree(state, ignore_errors=True)
         raise
+    c.close()  # the RealCluster below is the one the session keeps
     return RealCluster(state_dir=c.state_dir, info=c.info)
 
 
