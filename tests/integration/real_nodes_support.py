@@ -28,7 +28,7 @@ REAL_LABEL = "megatron.dev/test-node"
 REAL_NODES_ENV = "MEGATRON_REAL_NODES"
 SKIP_REASON = (
     f"{REAL_NODES_ENV}=0: the real-node tests are skipped on request "
-    "(without it they run: root, ~25 GB of disk under /tmp; see docs/e2e.md)"
+    "(without it they run: root, ~6 GB of cached images; see docs/e2e.md)"
 )
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 # The session's real cluster: 1 kwok node and 3 real ones (two for a 2-pod job, one spare for
