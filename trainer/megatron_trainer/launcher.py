@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from megatron_contract import env as contract_env
 from megatron_contract.config import (
@@ -50,6 +51,7 @@ from .agent.procs import (
     exit_code,
     prctl,
     send,
+    wait_code,
 )
 from .agent.ranks import Forked
 from .agent.zygote import Zygote
@@ -61,7 +63,8 @@ from .storage import profiles_dir, scratch_dir
 from .validate import validate, validate_launch
 
 # A rank's argv from its env: the built-in worker's is fixed, a trainer.command's is expanded.
-RankCommand = Callable[[Mapping[str, str]], list[str]]
+if TYPE_CHECKING:  # for annotations only: `X[...]` of a builtin needs 3.9 at run time
+    RankCommand = Callable[[Mapping[str, str]], list[str]]
 
 __all__ = ["exit_code", "main", "rank_env"]
 
@@ -172,7 +175,7 @@ class Supervisor:
                 continue
             if pid not in self.ranks:
                 continue  # an orphan we adopted as subreaper
-            code = exit_code(os.waitstatus_to_exitcode(status))
+            code = wait_code(status)
             self.codes[pid] = code
             local = list(self.ranks).index(pid)
             if code not in (ExitCode.OK, ExitCode.SIGTERM) and self.first_failure is None:

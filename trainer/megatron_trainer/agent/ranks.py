@@ -13,9 +13,9 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from .procs import _die_with_parent, descendants, exit_code, send
+from .procs import _die_with_parent, descendants, send, wait_code
 from .zygote import Zygote
 
 
@@ -44,8 +44,9 @@ class Ranks(Protocol):
         ...
 
 
-EnvFor = Callable[[int, int, int], Mapping[str, str]]  # (local rank, attempt, port) → env
-Wrap = Callable[[int, int, list[str]], list[str]]  # (local rank, attempt, command) → command
+if TYPE_CHECKING:  # aliases for annotations only: `X[...]` of a builtin needs 3.9 at run time
+    EnvFor = Callable[[int, int, int], Mapping[str, str]]  # (local rank, attempt, port) → env
+    Wrap = Callable[[int, int, list[str]], list[str]]  # (local rank, attempt, command) → command
 
 
 class Forked:
@@ -143,7 +144,7 @@ class RankProcesses:
                 break
             if pid == 0:
                 break
-            code = exit_code(os.waitstatus_to_exitcode(status))
+            code = wait_code(status)
             entry = self.procs.pop(pid, None)
             if entry is None:
                 if self.zygote is not None and pid == self.zygote.pid:
