@@ -41,6 +41,7 @@ from megatron_contract.choices import (
     POSITION_EMBEDDINGS,
     PRECISIONS,
     PROFILERS,
+    PROGRESS_SOURCES,
     RECOMPUTE,
     ROPE_SCALING_TYPES,
     SHARDING_TYPES,
@@ -261,6 +262,7 @@ class CommandConfig:
 
     command: tuple[str, ...]
     args: tuple[str, ...]  # may be empty
+    progress: Annotated[str, Meta(choices=PROGRESS_SOURCES)]  # where its progress is read
 
 
 class _Placed:

@@ -23,13 +23,17 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from megatron_contract.exitcodes import ExitCode
 from megatron_contract.ladder import DECISION_TIMEOUT_SECONDS
 
 from .coordinator import now_text
 from .ranks import Ranks
-from .wire import Conn, Message, ProtocolError, count
+from .wire import Conn, ProtocolError, count
+
+if TYPE_CHECKING:
+    from .wire import Message
 
 log = logging.getLogger(__name__)
 

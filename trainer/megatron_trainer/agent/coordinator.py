@@ -26,7 +26,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from megatron_contract.ladder import (
     MAX_FAILURES,
@@ -39,7 +40,10 @@ from megatron_contract.ladder import (
 from megatron_contract.ports import free_port
 
 from .sources import Sink, Source
-from .wire import Conn, Message, ProtocolError, count
+from .wire import Conn, ProtocolError, count
+
+if TYPE_CHECKING:
+    from .wire import Message
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +53,7 @@ REPORT_SETTLE_SECONDS = 0.05
 
 
 def now_text() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def raise_fd_limit() -> None:

@@ -45,8 +45,12 @@ class Ranks(Protocol):
 
 
 if TYPE_CHECKING:  # aliases for annotations only: `X[...]` of a builtin needs 3.9 at run time
+    from .output import RankOutput
+
     EnvFor = Callable[[int, int, int], Mapping[str, str]]  # (local rank, attempt, port) → env
     Wrap = Callable[[int, int, list[str]], list[str]]  # (local rank, attempt, command) → command
+    # A rank's argv: fixed, or from its env (a trainer.command's $(VAR) expanded per rank).
+    Command = Sequence[str] | Callable[[Mapping[str, str]], list[str]]
 
 
 class Forked:
@@ -70,14 +74,16 @@ class RankProcesses:
     def __init__(
         self,
         nproc: int,
-        command: Sequence[str],
+        command: Command,
         env_for: EnvFor,
         zygote: Sequence[str] | None = None,
         wrap: Wrap | None = None,
         cold: set[int] | None = None,
+        output: RankOutput | None = None,
     ) -> None:
         self.nproc = nproc
-        self.command = list(command)
+        self.command = command if callable(command) else list(command)
+        self.output = output  # a trainer.command's output is read on its way to the log
         self.env_for = env_for
         self.zygote_command = list(zygote) if zygote else None
         self.zygote: Zygote | None = None
@@ -113,12 +119,17 @@ class RankProcesses:
                 self.warm += 1
                 self._claim(local, Forked(pid))
                 continue
-            command = self.wrap(local, attempt, self.command) if self.wrap else self.command
+            argv = self.command(env) if callable(self.command) else self.command
+            command = self.wrap(local, attempt, argv) if self.wrap else argv
             proc = subprocess.Popen(
                 command,
                 env=env,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - only a pre-resolved prctl
+                stdout=subprocess.PIPE if self.output is not None else None,
+                stderr=subprocess.PIPE if self.output is not None else None,
             )
+            if self.output is not None:
+                self.output.attach(local, proc)
             self.procs[proc.pid] = (local, proc)
 
     def _claim(self, local: int, proc: Forked) -> None:

@@ -21,10 +21,11 @@ import errno
 import json
 import socket
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 MAX_LINE = 4096
-Message = dict[str, Any]
+if TYPE_CHECKING:  # for annotations only (the launcher runs on Python 3.8 too)
+    Message = dict[str, Any]
 
 
 class ProtocolError(Exception):
