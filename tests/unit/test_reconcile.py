@@ -21,7 +21,7 @@ from megatron_operator.core.policy import MAX_UNCOUNTED_PER_HOUR
 from megatron_operator.core.reconcile import Settings, World, reconcile
 
 from .sim import T0, Sim
-from .specs import job_doc, spec_of
+from .specs import DELETE, job_doc, spec_of
 
 
 def _sim(changes: dict[str, Any] | None = None, nodes: int = 4) -> Sim:
@@ -212,6 +212,27 @@ def test_hang_detection() -> None:
     sim.tick(2)
     sim.step()
     assert sim.status["phase"] == "Restarting"
+    assert sim.status["lastFailure"]["reason"] == "Hang"
+
+
+def test_own_code_without_a_progress_source_is_never_judged_hung() -> None:
+    own = {
+        "trainer": {"command": ["python", "t.py"], "progress": "None"},
+        "restartPolicy": {"hangTimeoutSeconds": 60},
+        "model": DELETE,
+        "training": DELETE,
+        "data": DELETE,
+    }
+    sim = _sim(own)
+    _running(sim)
+    sim.tick(3600)
+    sim.step()
+    assert sim.status["phase"] == "Running" and "lastFailure" not in sim.status
+    own["trainer"]["progress"] = "MegatronLog"  # a source that says nothing: a hang
+    sim = _sim(own)
+    _running(sim)
+    sim.tick(61)
+    sim.step()
     assert sim.status["lastFailure"]["reason"] == "Hang"
 
 
