@@ -61,7 +61,7 @@ def job(flags: list[str]) -> dict[str, object]:
 def test_pretrain_gpt_restarts_in_place_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     problem = source_problem()
     if problem is not None:
-        pytest.fail(problem)  # CI sets MEGATRON_LM_SRC: a skip here would hide a broken setup
+        pytest.skip(problem)  # .ci/run fails on a skip naming MEGATRON_LM_SRC when it has one
     spec = tmp_path / "job.yaml"  # JSON, a YAML that keeps "1e-05" a string
     spec.write_text(json.dumps(job(documented_flags("gpt-tiny"))))
     workdir = tmp_path / "run"
