@@ -369,7 +369,9 @@ def read_documents(path: str, stdin: Any = None) -> list[tuple[str, dict[str, An
     for i, doc in enumerate(docs):
         where = source if len(docs) == 1 else f"{source} (document {i + 1})"
         if not isinstance(doc, dict):
-            raise SpecError([FieldError(where, f"expected a mapping, got {type(doc).__name__}")])
+            raise SpecError(
+                [FieldError(where, f"expected a MegatronJob mapping, got {type(doc).__name__}")]
+            )
         out.append((where, doc))
     return out
 

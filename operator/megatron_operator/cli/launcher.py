@@ -29,9 +29,12 @@ def register(sub: Any) -> None:
 
 
 def _version() -> str:
-    from megatron_operator.cli.main import package_version
+    from importlib.metadata import PackageNotFoundError, version
 
-    return package_version()
+    try:
+        return version("megatron-operator")
+    except PackageNotFoundError:  # a source tree without an install
+        return "unknown"
 
 
 def cmd_launcher(args: argparse.Namespace) -> int:
