@@ -66,8 +66,9 @@ def read_defaults(files: list[str]) -> dict[str, Any]:
     layers = []
     for name in files:
         doc = read_file(name)
-        spec = doc.get("spec", {}) if doc.get("kind") == "MegatronJobDefaults" else doc
-        layers.append(Layer(name, spec if isinstance(spec, dict) else {}))
+        namespaced = doc.get("kind") == "MegatronJobDefaults"  # else the operator's bare spec
+        spec = doc.get("spec", {}) if namespaced else doc
+        layers.append(Layer(name, spec if isinstance(spec, dict) else {}, operator=not namespaced))
     record, errors = resolve(layers)
     if errors:
         raise SpecError(errors)

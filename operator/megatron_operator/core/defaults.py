@@ -123,6 +123,9 @@ class Layer:
 
     source: str
     spec: Mapping[str, Any]
+    # The operator's own defaults (its --job-defaults, or such a file given to mjob), not a
+    # namespace's MegatronJobDefaults: only these may name the launcher image.
+    operator: bool = False
 
 
 def resolve(layers: Sequence[Layer]) -> tuple[dict[str, Any] | None, list[FieldError]]:
@@ -144,7 +147,7 @@ def resolve(layers: Sequence[Layer]) -> tuple[dict[str, Any] | None, list[FieldE
             continue
         # Only what the layer sets: an empty list or map the CRD filled in says nothing.
         api = _prune(spec.model_dump(by_alias=True, exclude_defaults=True, mode="json"), ())
-        if "launcherImage" in api and layer.source != OPERATOR_SOURCE:
+        if "launcherImage" in api and not (layer.operator or layer.source == OPERATOR_SOURCE):
             # The code every trainer.command pod runs first: the operator's to choose.
             errors.append(
                 FieldError(
