@@ -9,6 +9,8 @@
 - `rules`: the layout rules over that configuration, shared by the planner and the trainer.
 - `bounds`: the caps on every spec number (nodes, world size, durations, int64), which the API
   models and the generated CRD enforce.
+- `timeline`: where a trainer process's time went (the progress record's `clock`), for the
+  operator's goodput ledger.
 
 The operator renders a config with `config.to_json`; the trainer reads it with `config.parse_config`.
 The CRD's CEL rules are the one second copy of `rules`, and `tests/unit/test_rules.py` checks that

@@ -44,8 +44,14 @@ COORDINATOR_PORT: Final = "MEGATRON_COORDINATOR_PORT"
 # (the coordinator reads the decision there) and the file the coordinator writes its report to.
 STATUS_FILE: Final = "MEGATRON_STATUS_FILE"
 REPORT_FILE: Final = "MEGATRON_REPORT_FILE"
+# The file holding the job's coordinator key (paths.COORDINATOR_KEY_PATH in a pod; a file of the
+# run's own locally): without it the launchers run no coordinator (no in-place restarts).
+COORDINATOR_KEY_FILE: Final = "MEGATRON_COORDINATOR_KEY_FILE"
 POD_NAME: Final = "POD_NAME"
 POD_NAMESPACE: Final = "POD_NAMESPACE"
+# The pod's own IP (the downward API): the coordinator listens there only, not on every
+# interface (a secondary network's included).
+POD_IP: Final = "POD_IP"
 # Never set by the operator: `STEP[:RANK[:KILL|TERM|RAISE]][,…]` for chaos tests (spec.env may
 # set it). RAISE makes the rank fail with an uncaught exception, as an OOM or NCCL error would.
 INJECT_FAILURE: Final = "MEGATRON_INJECT_FAILURE"
@@ -88,8 +94,10 @@ RESERVED: Final = frozenset(
         COORDINATOR_PORT,
         STATUS_FILE,
         REPORT_FILE,
+        COORDINATOR_KEY_FILE,
         POD_NAME,
         POD_NAMESPACE,
+        POD_IP,
         SCRATCH,
         TP,
         PP,
@@ -143,6 +151,8 @@ class RuntimeEnv:
     coordinator_port: int = DEFAULT_COORDINATOR_PORT
     status_file: str | None = None
     report_file: str | None = None
+    coordinator_key_file: str | None = None
+    pod_ip: str | None = None
 
     def global_rank(self, local_rank: int) -> int:
         """Ranks are contiguous per node, so TP groups (innermost) stay inside one pod."""
@@ -221,6 +231,8 @@ def runtime_env(environ: Mapping[str, str]) -> RuntimeEnv:
         coordinator_port=coordinator_port,
         status_file=environ.get(STATUS_FILE) or None,
         report_file=environ.get(REPORT_FILE) or None,
+        coordinator_key_file=environ.get(COORDINATOR_KEY_FILE) or None,
+        pod_ip=environ.get(POD_IP) or None,
     )
 
 

@@ -33,6 +33,12 @@ LAUNCHER_ZIPAPP: Final = f"{LAUNCHER_MOUNT}/launcher.pyz"
 LAUNCHER_IN_OPERATOR_IMAGE: Final = "/opt/megatron-operator/launcher.pyz"
 MSC_CONFIG_MOUNT: Final = "/etc/megatron-msc"  # checkpoint.msc.configSecret's mount (read-only)
 SCRATCH_MOUNT: Final = "/var/tmp/megatron"  # an emptyDir for files bound for object storage
+# The job's coordinator key (a Secret the operator creates), read by the launchers only: the
+# launchers and their coordinator prove to each other that they belong to the job.
+VOLUME_COORDINATOR: Final = "megatron-coordinator"
+COORDINATOR_KEY_MOUNT: Final = "/var/run/megatron-coordinator"
+COORDINATOR_KEY: Final = "key"  # the Secret's key, and the file's name in the mount
+COORDINATOR_KEY_PATH: Final = f"{COORDINATOR_KEY_MOUNT}/{COORDINATOR_KEY}"
 PROFILES_DIR: Final = "profiles"  # <checkpoint dir>/profiles/<restart attempt>/<one file a rank>
 # Where the trainer writes why it stopped; the kubelet copies it into the container's
 # terminated state (message), which the operator puts in status.lastFailure. Kubernetes' default

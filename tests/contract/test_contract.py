@@ -20,6 +20,7 @@ from megatron_contract.env import RESERVED as RESERVED_ENV
 from megatron_contract.env import runtime_env
 from megatron_contract.exitcodes import ExitCode
 from megatron_contract.paths import PROGRESS_ANNOTATION
+from megatron_contract.timeline import Clock
 from megatron_operator.api import load_file
 from megatron_operator.api.spec import RestartPolicySpec
 from megatron_operator.core.observe import parse_progress
@@ -116,6 +117,26 @@ def test_progress_report_parses_in_the_operator() -> None:
     }
     # A diverged loss is null, which the operator accepts.
     assert parse_progress(Report(5, float("nan"), None, None, None).to_json(0, when)) is not None
+
+
+def test_the_trainers_timeline_reaches_the_operator_whole() -> None:
+    """The progress record's `clock` (the goodput ledger's facts), as the trainer writes it and
+    the operator reads it; an older operator ignores the key, an older trainer omits it."""
+    when = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
+    clock = Clock(
+        now=when.timestamp() + 0.25,
+        began=when.timestamp() - 60.5,
+        loop=when.timestamp() - 20.125,
+        start=100,
+        rendezvous=3.5,
+        load=12.25,
+        save=1.5,
+    )
+    text = Report(120, 3.2, None, None, 100, clock).to_json(2, when)
+    parsed = parse_progress(text)
+    assert parsed is not None and parsed.clock == clock
+    assert len(json.loads(text)["clock"]) == 7 and len(text) < 300
+    assert parse_progress(Report(120, 3.2, None, None, 100).to_json(2, when)).clock is None  # type: ignore[union-attr]
 
 
 def test_the_renderer_sets_exactly_the_reserved_env() -> None:

@@ -289,9 +289,13 @@ class Cluster:
         return result
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def down(self) -> None:
+    def close(self) -> None:
+        """Close this object's API connections (the cluster keeps running)."""
         if self._reader is not None:
             self._reader.close()
+
+    def down(self) -> None:
+        self.close()
         if self.owned and not self._down:
             run_driver("down", "--state", str(self.state_dir), timeout=120)
         self._down = True

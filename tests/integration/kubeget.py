@@ -19,6 +19,7 @@ import json
 import ssl
 import threading
 import urllib.parse
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,11 @@ def parse(args: tuple[str, ...]) -> Query | None:
     return Query(resource.lower(), name, namespace, all_ns, label, field)
 
 
+def _close_all(conns: list[http.client.HTTPSConnection]) -> None:
+    for conn in conns:
+        conn.close()
+
+
 class Reader:
     """GETs against one apiserver as the cluster's admin (its client certificate)."""
 
@@ -133,12 +139,15 @@ class Reader:
         # garbage collector (an unclosed socket is a ResourceWarning, an error in this suite).
         self.conns: list[http.client.HTTPSConnection] = []
         self.conns_lock = threading.Lock()  # not self.lock: discovery makes connections under it
+        # A Reader dropped without close() (a Cluster object a test let go of) closes its
+        # connections when it is collected, before the sockets themselves would warn.
+        weakref.finalize(self, _close_all, self.conns)
 
     def close(self) -> None:
         with self.conns_lock:
-            conns, self.conns = self.conns, []
-        for conn in conns:
-            conn.close()
+            conns = list(self.conns)
+            self.conns.clear()
+        _close_all(conns)
 
     # --- HTTP
     def _request(self, path: str, accept: str = "application/json") -> tuple[int, Any]:

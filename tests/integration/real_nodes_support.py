@@ -28,7 +28,7 @@ REAL_LABEL = "megatron.dev/test-node"
 REAL_NODES_ENV = "MEGATRON_REAL_NODES"
 SKIP_REASON = (
     f"{REAL_NODES_ENV}=0: the real-node tests are skipped on request "
-    "(without it they run: root, ~25 GB of disk under /tmp; see docs/e2e.md)"
+    "(without it they run: root, ~6 GB of cached images; see docs/e2e.md)"
 )
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 # The session's real cluster: 1 kwok node and 3 real ones (two for a 2-pod job, one spare for
@@ -147,6 +147,7 @@ def start_real_cluster(real_nodes: int = REAL_NODE_COUNT) -> RealCluster:
     except BaseException:
         shutil.rmtree(state, ignore_errors=True)
         raise
+    c.close()  # the RealCluster below is the one the session keeps
     return RealCluster(state_dir=c.state_dir, info=c.info)
 
 

@@ -172,10 +172,10 @@ def exported(text: str) -> set[str]:
 def test_chart_renders_pass_server_side_dry_run(
     cluster: Cluster, namespace: str, jobs_namespace: str
 ) -> None:
-    cluster.helm("lint", CHART, "--strict")
+    cluster.helm("lint", CHART, "--strict", "--set", f"watchNamespaces={{{jobs_namespace}}}")
     renders = {
-        "defaults": [],
-        "namespaced": [f"watchNamespaces={{{namespace},{jobs_namespace}}}"],
+        "defaults": [f"watchNamespaces={{{jobs_namespace}}}"],
+        "cluster-wide": ["clusterWide=true"],
         "everything": [*EVERYTHING, f"watchNamespaces={{{jobs_namespace}}}"],
     }
     for name, sets in renders.items():
@@ -207,6 +207,8 @@ def test_admission_policy_on_the_apiserver(cluster: Cluster, namespace: str) -> 
         "--wait=false",
         "--set",
         "crds.install=false",
+        "--set",
+        "clusterWide=true",
         *(a for s in EVERYTHING if s.startswith("admissionPolicy") for a in ("--set", s)),
     )
     policy = f"{release}-megatron-operator-limits"
@@ -248,6 +250,15 @@ def test_admission_policy_on_the_apiserver(cluster: Cluster, namespace: str) -> 
             "image host prefix": (bad(image="registry.example.evil.io/x:1"), "is not allowed"),
             "image path prefix": (bad(image="registry.example-evil/ml:1"), "is not allowed"),
             "image without registry": (bad(image="trainer:1"), "docker.io/library/trainer"),
+            # An uppercase first component is a registry host to the runtime, not a Hub path.
+            "image with an uppercase host": (
+                bad(image="Evilhost/trainer:1"),
+                "(repository Evilhost/trainer)",
+            ),
+            "a system priority": (
+                bad(priorityClassName="system-cluster-critical"),
+                "is for the cluster's own components",
+            ),
             "pull policy": (bad(imagePullPolicy="IfNotPresent"), "must be Always"),
             "node selector": (
                 bad(resources__nodeSelector={"node-role.kubernetes.io/control-plane": ""}),
@@ -338,7 +349,11 @@ def test_install_upgrade_uninstall_with_a_running_job(
         assert can("create", "networkpolicies", "-n", jobs_namespace) == "yes"
         assert can("create", "pods", "-n", "kube-system") == "no"
         assert can("list", "megatronjobs", "-n", "default") == "no"
-        assert can("get", "secrets", "-n", jobs_namespace) == "no"
+        # Secrets: the jobs' coordinator keys, created and read back for the ownership check,
+        # never updated (creating pods there could mount any Secret anyway).
+        assert can("create", "secrets", "-n", jobs_namespace) == "yes"
+        assert can("update", "secrets", "-n", jobs_namespace) == "no"
+        assert can("get", "secrets", "-n", "default") == "no"
         assert can("watch", "nodes") == "yes"
         assert can("delete", "nodes") == "no"
         user = f"system:serviceaccount:{namespace}:{sa}"
@@ -435,13 +450,16 @@ def test_install_upgrade_uninstall_with_a_running_job(
         cluster.kubectl("get", "pdb", "-n", namespace, "mo-megatron-operator")
         assert allowed(cluster, user, "create", "kueue.x-k8s.io", "workloads", jobs_namespace)
 
-        # The guardrail's one exception: taking over a Workload MultiKueue made (no controller
-        # yet) when the update makes it ours; never one another object controls.
-        def workload(name: str, refs: list[dict[str, Any]]) -> dict[str, Any]:
+        # The guardrail's one exception: taking over a Workload MultiKueue made (its origin
+        # label, no controller yet) when the update makes a MegatronJob its controller; never a
+        # Workload MultiKueue did not make, one another object controls, or another controller.
+        origin = {"kueue.x-k8s.io/multikueue-origin": "multikueue"}
+
+        def workload(name: str, refs: list[dict[str, Any]], labels: dict[str, str]) -> Any:
             return {
                 "apiVersion": "kueue.x-k8s.io/v1beta1",
                 "kind": "Workload",
-                "metadata": {"name": name, "ownerReferences": refs},
+                "metadata": {"name": name, "ownerReferences": refs, "labels": labels},
                 "spec": {
                     "queueName": "q",
                     "podSets": [{"name": "main", "count": 1, "template": {"spec": {
@@ -455,25 +473,42 @@ def test_install_upgrade_uninstall_with_a_running_job(
         uid = cluster.kubectl_json("get", "configmap", "other", "-n", jobs_namespace)
         other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "other",
                  "uid": uid["metadata"]["uid"]}  # fmt: skip
-        cluster.apply(workload("mk-copy", []), jobs_namespace)
-        cluster.apply(workload("theirs", [{**other, "controller": True}]), jobs_namespace)
-        take = {
-            "metadata": {
-                "labels": {"app.kubernetes.io/managed-by": "megatron-operator"},
-                "ownerReferences": [{**other, "name": "job", "uid": "2", "controller": True}],
-            }
+        cluster.apply(workload("mk-copy", [], origin), jobs_namespace)
+        cluster.apply(workload("plain", [], {}), jobs_namespace)
+        cluster.apply(workload("theirs", [{**other, "controller": True}], origin), jobs_namespace)
+        managed = {"app.kubernetes.io/managed-by": "megatron-operator"}
+        job = {"apiVersion": "megatron.dev/v1alpha1", "kind": "MegatronJob", "name": "job",
+               "uid": "2", "controller": True}  # fmt: skip
+        take = {"metadata": {"labels": managed, "ownerReferences": [job]}}
+        by_a_configmap = {
+            "metadata": {"labels": managed, "ownerReferences": [{**other, "controller": True}]}
         }
         for name, patch, ok in (
             ("mk-copy", {"metadata": {"labels": {"x": "y"}}}, False),  # not made ours
+            ("mk-copy", by_a_configmap, False),  # not by a MegatronJob
             ("mk-copy", take, True),
+            ("plain", take, False),  # MultiKueue did not make it
             ("theirs", take, False),
         ):
             proc = cluster.kubectl(
                 "patch", "workloads.kueue.x-k8s.io", name, "-n", jobs_namespace, as_operator,
                 "--type=merge", "-p", json.dumps(patch), "--dry-run=server", check=False,
             )  # fmt: skip
-            assert (proc.returncode == 0) == ok, (name, proc.stderr)
-            assert ok or "operator-writes" in proc.stderr
+            assert (proc.returncode == 0) == ok, (name, patch, proc.stderr)
+            assert ok or "operator-writes" in proc.stderr, (name, proc.stderr)
+        # Its status is a write too (the PodsReady and Finished conditions): a Workload not
+        # labelled ours is refused. (kubectl reads a subresource before it patches, which the
+        # operator may not: the client patches it directly, as the operator does.)
+        import kubernetes
+
+        client = cluster.api_client()
+        client.set_default_header("Impersonate-User", user)
+        with pytest.raises(kubernetes.client.ApiException) as refused:
+            kubernetes.client.CustomObjectsApi(client).patch_namespaced_custom_object_status(
+                "kueue.x-k8s.io", "v1beta1", jobs_namespace, "workloads", "plain",
+                {"status": {"conditions": []}}, dry_run="All",
+            )  # fmt: skip
+        assert refused.value.status == 403 and "operator-writes" in str(refused.value.body)
         op.stop()
         op.start()
         time.sleep(10)  # longer than --node-lost-grace-seconds=5: a misjudged node would show

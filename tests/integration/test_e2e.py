@@ -29,6 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.goodput_truth import compare
+
 from .conftest import OPERATOR_NODE
 from .real_nodes_support import (
     OPERATOR_NS,
@@ -346,7 +348,9 @@ def test_main_scenario_sigkill_gang_restart_exact_resume(
 
         c.wait(lambda: rank0_at(8) or None, 300, 0.2, "rank 0's log at iteration 8")
         victim = next(p for p in pods if p["metadata"]["labels"][RANK_LABEL] == "1")
+        before = time.time()
         out = c.kill_container(ns, victim["metadata"]["name"], "KILL")
+        after = time.time()
         assert out["signal"] == "SIGKILL"
         done = wait_phase(c, ns, "tiny", {"Succeeded", "Failed"}, 900)
         assert done["phase"] == "Succeeded", done
@@ -358,6 +362,13 @@ def test_main_scenario_sigkill_gang_restart_exact_resume(
         killed_at = max(r["iteration"] for r in logs.records if r.get("attempt") == 0)
     finally:
         logs.close()
+    # The goodput ledger against the true timeline: rank 0's own records and the kill. The
+    # ledger reads the failure's time from the kubelet (whole seconds), and the kill happened
+    # somewhere inside the driver's call: that much slack on the recomputed seconds.
+    ledger = done["ledger"]
+    figures = compare(ledger, logs.records, [(before + after) / 2], 1.0 + (after - before) / 2)
+    assert ledger["seconds"].get("restartRecreate", 0) > 0, ledger
+    assert ledger["restarts"][0]["rung"] == "Recreate" and ledger["restarts"][0]["count"] == 1
     # The TTL deletes the job; its created claim is kept (retention Retain), and so are the
     # checkpoints on it: the newest complete one is the last iteration.
     c.wait(
@@ -376,7 +387,9 @@ def test_main_scenario_sigkill_gang_restart_exact_resume(
     print(
         f"main scenario: nodes {sorted(nodes)}, killed after iteration {killed_at}, attempt 1 "
         f"from iteration {min(r['iteration'] for r in resumed)}, final loss "
-        f"{logs.losses[30]:.6f}, worst relative difference to local {worst:.1e}"
+        f"{logs.losses[30]:.6f}, worst relative difference to local {worst:.1e}; goodput "
+        f"{figures['goodput']:.3f} (true {figures['true goodput']:.3f}), recomputed "
+        f"{figures['recomputed']:.1f}s (true {figures['true recomputed']:.1f}s)"
     )
     c.kubectl("delete", "namespace", ns, "--wait=false")
 
@@ -414,8 +427,14 @@ def test_suspend_checkpoints_within_the_grace_period_and_resumes_there(
         assert min(r["iteration"] for r in resumed) == saved + 1, logs.text()[-3000:]
     finally:
         logs.close()
+    # The goodput ledger against rank 0's records: the suspended time is its own, nothing lost.
+    figures = compare(done["ledger"], logs.records, [])
+    assert done["ledger"]["seconds"]["suspended"] > 0, done["ledger"]
     worst = assert_same_curve(logs.losses, local_losses(tmp_path, "pause", s), 30)
-    print(f"suspend: saved at iteration {saved} on SIGTERM, resumed there; worst {worst:.1e}")
+    print(
+        f"suspend: saved at iteration {saved} on SIGTERM, resumed there; worst {worst:.1e}; "
+        f"goodput {figures['goodput']:.3f} (true {figures['true goodput']:.3f})"
+    )
     c.kubectl("delete", "namespace", ns, "--wait=false")
 
 
@@ -475,6 +494,7 @@ def test_node_loss_restarts_on_the_remaining_nodes_with_the_same_curve(
         pods = pods_of(c, ns, "lost", 0)
         victim = next(p["spec"]["nodeName"] for p in pods if p["spec"]["nodeName"] != OPERATOR_NODE)
         killed = victim
+        before = time.time()
         out = c.kill_node(victim, timeout=120)
         assert f"kubelet-{victim}" in out and f"containerd-{victim}" in out, out
         assert f"{victim} Ready=" in out and "Ready=True" not in out, out
@@ -503,8 +523,13 @@ def test_node_loss_restarts_on_the_remaining_nodes_with_the_same_curve(
         if killed:
             c.restart_node(killed)
     worst = assert_same_curve(logs.losses, local_losses(tmp_path, "lost", s), 30)
+    # The goodput ledger against rank 0's records and the kill. The failure's first-hand time is
+    # the surviving rank's exit (whole seconds) or, for NodeLost, none: the work in flight is
+    # then bounded by a record interval (the Lease's 10 s); that much slack on recomputed.
+    figures = compare(done["ledger"], logs.records, [before], 11.0)
     print(
         f"node loss: {victim} killed, restarted on {sorted(p['spec']['nodeName'] for p in again)}"
+        f"; goodput {figures['goodput']:.3f} (true {figures['true goodput']:.3f})"
     )
     print(f"node loss: worst relative difference to local {worst:.1e}")
 

@@ -1,5 +1,8 @@
 """The restart ladder on real kubelets: a rank process killed inside a running pod restarts in
-place, and a killed container replaces that pod alone.
+place, and a killed container replaces that pod alone. Meanwhile a pod of another namespace
+attacks the job's coordinator without its key: it poses as node rank 1 and reports exit code 78
+(which the default rules fail a job on) once a second, and holds idle connections, twice the
+cap, all along. It changes nothing: the same two restarts, and the job succeeds.
 
 One job on two of the session's real nodes, with the chart's operator (`real_operator`,
 conftest.py) and the trainer image built from Dockerfile.trainer. The rank is killed with `cluster kill-process`
@@ -16,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .real_nodes_support import RealCluster
+from .real_nodes_support import RealCluster, python_pod
 from .test_e2e import (
     RANK_LABEL,
     Rank0Logs,
@@ -73,11 +76,72 @@ def wait_attempt_step(
     return result
 
 
+# The intruder: every second a hello as node rank 1 under a guessed key and a failure with exit
+# code 78; and 64 connections that never say hello, reopened as the coordinator closes them.
+INTRUDER = """
+import json, socket, sys, time
+from megatron_trainer.agent.wire import MAX_PENDING, encode, hello_mac
+host, port = sys.argv[1], 29400
+idle, challenges, welcomed = [], 0, 0
+def connect():
+    return socket.create_connection((host, port), timeout=5)
+def still_open(sock):
+    sock.setblocking(False)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+while True:
+    try:
+        s = connect()
+        line = s.makefile("rb").readline()
+        challenges += 1
+        hello = {"op": "hello", "node": 1, "pod": "x", "epoch": 0, "nonce": "ab" * 32}
+        hello["mac"] = hello_mac(b"guessed-key-guessed-key", json.loads(line)["nonce"], hello)
+        failed = {"op": "failed", "epoch": 0, "local": 0, "code": 78, "time": "2026-01-01T00:00:00Z"}
+        s.sendall(encode(hello) + encode(failed))
+        s.settimeout(5)
+        welcomed += b"welcome" in s.recv(4096)
+        s.close()
+        idle = [i for i in idle if still_open(i) or i.close()]
+        while len(idle) < 2 * MAX_PENDING:
+            idle.append(connect())
+    except OSError as err:
+        print("intruder:", err, flush=True)
+    print(f"intruder: challenges={challenges} welcomed={welcomed}", flush=True)
+    time.sleep(1)
+"""
+
+
+def intrude(c: RealCluster, ns: str, job_ns: str) -> None:
+    """The intruder's pod, in `ns`, against the coordinator of the job `ladder` in `job_ns`."""
+    rank0 = next(
+        p for p in pods_of(c, job_ns, "ladder") if p["metadata"]["labels"][RANK_LABEL] == "0"
+    )
+    ip, node = rank0["status"]["podIP"], rank0["spec"]["nodeName"]
+    doc = python_pod("intruder", c.image("trainer"), node, INTRUDER)
+    doc["spec"]["containers"][0]["command"] += [ip]
+    c.apply(doc, ns)
+
+
+def intruder_counts(c: RealCluster, ns: str) -> tuple[int, int]:
+    """(challenges the intruder received, welcomes), from its last report line."""
+    out = c.kubectl("logs", "-n", ns, "intruder", "--tail", "20", check=False).stdout
+    lines = [line for line in out.splitlines() if "challenges=" in line]
+    if not lines:
+        return 0, 0
+    fields = dict(part.split("=") for part in lines[-1].split()[1:])
+    return int(fields["challenges"]), int(fields["welcomed"])
+
+
 def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod(
     real_operator: RealCluster, tmp_path: Path
 ) -> None:
     c = real_operator
     ns = new_ns(c, "ladder")
+    other = new_ns(c, "intruder")
     s = spec(c.image("trainer"), **{"restartPolicy.strategy": "InPlace"})
     c.apply(job_doc("ladder", s), ns)
     logs = Rank0Logs(c, ns, "ladder")
@@ -86,6 +150,8 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
             wait_phase(c, ns, "ladder", {"Running"}, 300)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{where_pods_wait(c, ns)}") from None
+        intrude(c, other, ns)
+        c.wait(lambda: intruder_counts(c, other)[0] >= 3, 120, 1, "the intruder's hellos")
         # Killed once a checkpoint is complete (the first save takes the longest), so that the
         # next attempt must load it: a restart that lost its checkpoints starts at iteration 1.
         c.wait(lambda: newest_checkpoint(logs) >= 5, 600, 0.2, "a complete checkpoint")
@@ -137,11 +203,14 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
 
         done = wait_phase(c, ns, "ladder", {"Succeeded", "Failed"}, 900)
         assert done["phase"] == "Succeeded", done
-        assert done["restarts"] == 2, done
+        assert done["restarts"] == 2, done  # the kill and the container: nothing of the intruder
+        challenges, welcomed = intruder_counts(c, other)
+        assert challenges > 10 and welcomed == 0, (challenges, welcomed)
     finally:
         logs.close()
         # The session's other scenarios share these nodes: never leave this job training.
         c.kubectl("delete", "namespace", ns, "--wait=false")
+        c.kubectl("delete", "namespace", other, "--wait=false")
     worst = assert_same_curve(logs.losses, local_losses(tmp_path, "ladder", s), 30)
     lines = logs.text().splitlines()
     print(

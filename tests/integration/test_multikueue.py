@@ -128,11 +128,11 @@ def mk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiKueue]:
     manager = Cluster(state_dir=state, info=json.loads((state / "cluster.json").read_text()))
     ops: list[Op] = []
     mk: MultiKueue | None = None
+    workers: list[Cluster] = []
     try:
         assert re.fullmatch(r"KUBECONFIG=\S+", lines[-1]), lines
         kubeconfigs = dict(line.split("=", 1) for line in lines if "=" in line)
         assert lines[-1] == f"KUBECONFIG={manager.kubeconfig}"
-        workers = []
         for i in (1, 2):
             wstate = state / "workers" / f"worker-{i}"
             info = json.loads((wstate / "cluster.json").read_text())
@@ -162,6 +162,8 @@ def mk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiKueue]:
             mk.stop()
         for op in ops:
             op.stop()
+        for w in workers:
+            w.down()  # not owned: closes its API connections only
         manager.down()
     for op in ops:
         assert "Traceback" not in op.logs(), op.logs()[-5000:]

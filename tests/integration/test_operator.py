@@ -84,7 +84,18 @@ def test_cpu_and_llama70b_examples_run(cluster: Cluster, namespace: str, operato
     wait_phase(cluster, ns, "cpu-tiny", "Running")
     table = cluster.kubectl("get", "mj", "-n", ns).stdout
     header = table.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "LAYOUT", "GPUS", "RESTARTS", "PROGRESS", "QUEUE", "AGE"]
+    assert header == [
+        "NAME",
+        "PHASE",
+        "LAYOUT",
+        "GPUS",
+        "RESTARTS",
+        "PROGRESS",
+        "GOODPUT",
+        "ETA",
+        "QUEUE",
+        "AGE",
+    ]
     row = next(line.split() for line in table.splitlines() if line.startswith("llama3-70b"))
     assert row[1:5] == ["Running", "TP8·PP2·VPP5·DP2", "32", "0"]
 

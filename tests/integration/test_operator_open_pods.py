@@ -6,6 +6,8 @@ the evidence, with `mjob operator` running.
 - one job uses all of it (a data claim, an annotation, an imagePullSecrets entry, an env var from
   a Secret, a native and an ordinary sidecar) and its pods carry each one;
 - a pod the apiserver finds invalid becomes the CreateFailure condition with its message;
+- a 0.9 MB template is refused by the apiserver, and one within the CRD's caps but over the
+  template's budget by the operator, before it plans;
 - `mjob status` tells the story of a job on the current kubeconfig;
 - the chart's admission policy enforces its template allow-lists.
 """
@@ -23,7 +25,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from tests.unit.template_cases import FULL_TEMPLATE, REFUSED, Refused
+from tests.unit.template_cases import FULL_TEMPLATE, REFUSED, Refused, heavy_template
 
 from .conftest import REPO, Cluster
 from .operator_support import (
@@ -39,6 +41,7 @@ from .operator_support import (
 )
 
 CHART = str(REPO / "charts" / "megatron-operator")
+OVER_BUDGET = heavy_template(16 * (256 * 3 + 6), 200_000)
 
 
 @pytest.fixture(scope="module")
@@ -154,11 +157,37 @@ def test_one_job_uses_all_of_it(cluster: Cluster, namespace: str, operator: Op) 
     assert "s3cr3t" not in job_text and "s3cr3t" not in config_text
 
 
+def test_an_oversized_template_reaches_neither_the_operator_nor_a_pod(
+    cluster: Cluster, namespace: str, operator: Op
+) -> None:
+    # 0.9 MB of DNS options on 64 nodes (a 0.9 MB template once cost the operator 13 MB per
+    # rendered pod): the apiserver refuses it, naming the field.
+    options = [{"name": f"opt{i:05d}"} for i in range(45_000)]
+    doc = tiny_gpu_job("huge", nodes=64, template={"spec": {"dnsConfig": {"options": options}}})
+    text = json.dumps(doc)
+    assert 0.85e6 < len(text) < 1.0e6
+    proc = cluster.kubectl("create", "-n", namespace, "-f", "-", input=text, check=False)
+    assert proc.returncode != 0
+    assert "spec.template.spec.dnsConfig.options: Too many: 45000: must have at most 16" in (
+        proc.stderr
+    ), proc.stderr[:2000]
+    # Within every cap of the CRD but over the template's budget (12,000 values): stored, and
+    # refused by the operator before it plans anything, naming the field.
+    heavy = json.dumps(tiny_gpu_job("heavy", nodes=64, template=OVER_BUDGET))
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=heavy)
+    st = wait_phase(cluster, namespace, "heavy", "Failed", timeout=60)
+    failed = condition(st, "Failed")
+    assert failed is not None and failed["reason"] == "InvalidSpec", st
+    assert failed["message"].startswith("spec.template: the template holds 12,"), failed
+    assert "(spec.template.spec.containers: " in failed["message"]
+    assert pods(cluster, namespace, "heavy") == [] and "layout" not in st
+
+
 def test_a_pod_the_apiserver_refuses_is_a_create_failure(
     cluster: Cluster, namespace: str, operator: Op
 ) -> None:
-    # Two sources in one volume: the CRD keeps volume sources as given, the pod's own
-    # validation refuses them when the operator creates the pod.
+    # Two sources in one volume: the CRD does not check that a volume has one source, the
+    # pod's own validation refuses them when the operator creates the pod.
     bad = {"spec": {"volumes": [{"name": "two", "emptyDir": {}, "hostPath": {"path": "/tmp"}}]}}
     cluster.apply(tiny_gpu_job("refused", nodes=1, template=bad), namespace)
     st = wait_phase(cluster, namespace, "refused", "Failed", timeout=60)
@@ -210,7 +239,7 @@ def test_the_admission_policy_holds_the_template_allow_lists(
     release = "tpl"
     cluster.helm(
         "install", release, CHART, "-n", namespace, "--wait=false",
-        "--set", "crds.install=false",
+        "--set", "crds.install=false", "--set", "clusterWide=true",
         "--set", "admissionPolicy.enabled=true",
         "--set", "admissionPolicy.images.allowed={registry.example/*,docker.io/library/trainer}",
         "--set", "admissionPolicy.images.requirePullPolicyAlways=true",
@@ -241,7 +270,7 @@ def test_the_admission_policy_holds_the_template_allow_lists(
             ),
             "a sidecar from elsewhere": (
                 {"spec": {"containers": [{"name": "x", "image": "docker.io/evil:1"}]}},
-                "spec.template.spec: an init or sidecar container's image is not from an allowed",
+                "spec.template.spec: an init or sidecar container's image, or an image volume's",
             ),
             # A prefix match would let this one through: the repository is read as a whole.
             "a look-alike registry": (
@@ -256,7 +285,7 @@ def test_the_admission_policy_holds_the_template_allow_lists(
                         ]
                     }
                 },
-                "spec.template.spec: an init or sidecar container's image is not from an allowed",
+                "spec.template.spec: an init or sidecar container's image, or an image volume's",
             ),
             "a sidecar from a node's cache": (
                 {
@@ -301,5 +330,151 @@ def test_the_admission_policy_holds_the_template_allow_lists(
             }
         }
         assert attempt(allowed) == ""
+    finally:
+        cluster.helm("uninstall", release, "-n", namespace, check=False)
+
+
+def test_the_multi_tenant_profile_holds_what_a_template_can_reach(
+    cluster: Cluster, namespace: str, custom: Any
+) -> None:
+    """The chart's multi-tenant profile on the apiserver: a template reaching other tenants (a
+    pod affinity term over every namespace, node labels outside the allow-list), the node (a
+    privileged root init container, an unlisted RuntimeClass, a hostPort), storage outside the
+    namespace (NFS, an ephemeral claim bound to a named volume) or an unlisted registry (an
+    image volume, an uppercase registry host), and a job at a system priority, are each refused
+    naming the field; a plain template is accepted."""
+    release = "mt"
+    cluster.helm(
+        "install", release, CHART, "-n", namespace, "--wait=false",
+        "-f", str(REPO / "charts" / "megatron-operator" / "values-multi-tenant.yaml"),
+        "--set", "crds.install=false", "--set", "clusterWide=true",
+        "--set", "admissionPolicy.images.allowed={registry.example/*,docker.io/*}",
+    )  # fmt: skip
+    policy = f"{release}-megatron-operator-limits"
+    try:
+
+        def attempt(template: dict[str, Any], **spec: Any) -> str:
+            doc = tiny_gpu_job(
+                "mt", nodes=1, image="registry.example/trainer:1", imagePullPolicy="Always",
+                template=template, **spec,
+            )  # fmt: skip
+            proc = cluster.kubectl(
+                "create", "--dry-run=server", "-n", namespace, "-f", "-",
+                input=yaml.safe_dump(doc), check=False,
+            )  # fmt: skip
+            return "" if proc.returncode == 0 else proc.stderr
+
+        def sidecar(**fields: Any) -> dict[str, Any]:
+            c = {"name": "x", "image": "registry.example/x:1", "imagePullPolicy": "Always"}
+            return {"spec": {"initContainers": [{**c, **fields}]}}
+
+        node_term = {"matchExpressions": [{"key": "team", "operator": "In", "values": ["b"]}]}
+        term = {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/os"}
+        image = {"reference": "evil.example/payload:1", "pullPolicy": "Always"}
+        claim = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+        deadline = time.monotonic() + 30  # the apiserver loads a new policy within seconds
+        while not attempt({}, priorityClassName="system-node-critical"):
+            assert time.monotonic() < deadline, "the policy never took effect"
+            time.sleep(0.5)
+        cases: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+            "anti-affinity over every namespace": (
+                {"spec": {"affinity": {"podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {**term, "namespaceSelector": {}}]}}}},
+                {},
+                "spec.template.spec.affinity.podAntiAffinity."
+                "requiredDuringSchedulingIgnoredDuringExecution[0].namespaceSelector",
+            ),
+            "node affinity to another pool": (
+                {"spec": {"affinity": {"nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [node_term]}}}}},
+                {},
+                "spec.template.spec.affinity.nodeAffinity: only these node label keys",
+            ),
+            "node affinity by node name": (
+                {"spec": {"affinity": {"nodeAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {
+                        "matchFields": [{"key": "metadata.name", "operator": "In",
+                                         "values": ["node-1"]}]}}]}}}},
+                {},
+                "matchFields (node names) never",
+            ),
+            "privileged root init container": (
+                sidecar(securityContext={"privileged": True, "runAsUser": 0}),
+                {},
+                "spec.template.spec.initContainers[0].securityContext.privileged",
+            ),
+            "hostPort": (
+                sidecar(ports=[{"containerPort": 80, "hostPort": 80}]),
+                {},
+                "spec.template.spec.initContainers[0].ports[0].hostPort",
+            ),
+            "a RuntimeClass": (
+                {"spec": {"runtimeClassName": "nvidia"}},
+                {},
+                "spec.template.spec.runtimeClassName is not allowed in this cluster",
+            ),
+            "an image volume from elsewhere": (
+                {"spec": {"volumes": [{"name": "v", "image": image}]}},
+                {},
+                "an image volume's reference, is not from an allowed repository",
+            ),
+            "an image volume from a node's cache": (
+                {"spec": {"volumes": [{"name": "v", "image": {
+                    "reference": "registry.example/data:1", "pullPolicy": "IfNotPresent"}}]}},
+                {},
+                "each image volume pullPolicy Always",
+            ),
+            # Docker Hub is allowed; `Evilhost/x` is not a Hub path but the registry Evilhost.
+            "an uppercase registry host": (
+                sidecar(image="Evilhost/x:1"),
+                {},
+                "is not from an allowed repository",
+            ),
+            "NFS": (
+                {"spec": {"volumes": [{"name": "v", "nfs": {"server": "10.0.0.1", "path": "/"}}]}},
+                {},
+                "spec.template.spec.volumes: only these volume types are allowed",
+            ),
+            "an ephemeral claim bound to a named volume": (
+                {"spec": {"volumes": [{"name": "v", "ephemeral": {"volumeClaimTemplate": {
+                    "spec": {**claim, "volumeName": "pv-of-team-b"}}}}]}},
+                {},
+                "an ephemeral volume may not name a PersistentVolume",
+            ),
+            "a system priority": ({}, {"priorityClassName": "system-node-critical"},
+                                  "spec.priorityClassName system-node-critical is for the cluster"),
+            "an unlisted priority": ({}, {"priorityClassName": "urgent"},
+                                     "spec.priorityClassName urgent is not allowed here"),
+        }  # fmt: skip
+        by_the_crd = {"anti-affinity over every namespace", "privileged root init container",
+                      "hostPort"}  # fmt: skip
+        for name, (template, spec, message) in cases.items():
+            err = attempt(template, **spec)
+            assert message in err, f"{name}: {err!r}"
+            assert (policy in err) != (name in by_the_crd), f"{name}: {err!r}"
+        plain = {
+            "metadata": {"labels": {"team": "a"}},
+            "spec": {
+                "volumes": [
+                    {"name": "d", "persistentVolumeClaim": {"claimName": "lustre"}},
+                    {"name": "s", "ephemeral": {"volumeClaimTemplate": {"spec": claim}}},
+                    {"name": "m", "image": {"reference": "registry.example/data:1",
+                                            "pullPolicy": "Always"}},
+                ],
+                **sidecar(restartPolicy="Always")["spec"],
+                "affinity": {
+                    "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 10, "podAffinityTerm": term}]},
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [
+                            {"key": "nvidia.com/gpu.product", "operator": "In",
+                             "values": ["H100"]}]}]}},
+                },
+                "securityContext": {"runAsUser": 2000, "fsGroup": 2000},
+            },
+        }  # fmt: skip
+        assert attempt(plain, priorityClassName="training") == ""
     finally:
         cluster.helm("uninstall", release, "-n", namespace, check=False)

@@ -229,3 +229,11 @@ def test_progress_follows_the_lease_and_a_stale_renew_time_is_a_hang(
         15,
         what="attempt 1's record in status.progress",
     )
+    # The goodput ledger in the status the real apiserver keeps (its schema prunes nothing of
+    # it): it sums to the wall time, the hang's wait is counted, and `kubectl get mj` shows it.
+    # These records carry no `clock` (an older trainer's): read as before.
+    led = status(cluster, ns, "hang")["ledger"]
+    assert abs(sum(led["seconds"].values()) - led["wallSeconds"]) < 1e-3, led
+    assert led["seconds"]["hangDetection"] > 0 and led["fold"]["attempt"] == 1, led
+    assert led["restarts"][0]["count"] == 1, led
+    assert "GOODPUT" in cluster.kubectl("get", "mj", "-n", ns, "hang").stdout

@@ -30,6 +30,7 @@ from megatron_operator.api.base import (
 )
 from megatron_operator.api.crd import crd
 from megatron_operator.api.job import NAME_PATTERN
+from megatron_operator.api.podtypes import PORT_NAME_PATTERN
 from megatron_operator.api.spec import CHECKPOINT_PATH_PATTERN, MSC_URL_PATTERN
 from megatron_operator.core.planner import plan
 from tests.unit.specs import job_doc, spec_of
@@ -236,7 +237,27 @@ FIELDS: dict[str, tuple[Callable[[Doc, str], None], str]] = {
         _sidecar(resources={"limits": {"memory": "{}"}}),
         QUANTITY_PATTERN,
     ),
-}
+    "spec.template.spec.containers[].ports[].name": (
+        _sidecar(ports=[{"name": "{}", "containerPort": 80}]),
+        PORT_NAME_PATTERN,
+    ),
+    "spec.template.spec.containers[].lifecycle.stopSignal": (
+        _sidecar(lifecycle={"stopSignal": "{}"}),
+        r"^SIG[A-Z0-9+]+$",
+    ),
+    "spec.template.spec.affinity...labelSelector.matchLabels value": (
+        _template({"spec": {"affinity": {"podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "{}"}}}]}}}}),
+        LABEL_VALUE_PATTERN,
+    ),
+    # The trainer's mount paths: a CEL `matches` refuses those not in normal form ('//', '.').
+    "spec.template.spec.containers[trainer].volumeMounts[].mountPath": (
+        _template({"spec": {"containers": [
+            {"name": "trainer", "volumeMounts": [{"name": "v", "mountPath": "{}"}]}]}}),
+        r"^/[a-z./]{1,12}$",
+    ),
+}  # fmt: skip
 
 FULL_WIDTH = str.maketrans("0123456789", "０１２３４５６７８９")
 
@@ -332,8 +353,30 @@ def test_the_table_covers_every_pattern_of_the_crd() -> None:
             "name", "env[].name", "env[].valueFrom.secretKeyRef.name",
             "env[].valueFrom.configMapKeyRef.name", "env[].valueFrom.resourceFieldRef.containerName",
             "env[].valueFrom.resourceFieldRef.divisor", "resources.limits{}", "resources.requests{}",
-            "volumeMounts[].name",
+            "volumeMounts[].name", "ports[].name", "lifecycle.stopSignal",
         )),
+        ".spec.template.spec.containers[]",
+        # The template's Kubernetes objects (api/podtypes.py, api/volumes.py), each sharing its
+        # pattern with a covered path: label values, DNS subdomains, quantities.
+        *(f".spec.template.spec.affinity.{kind}.{term}.{sel}.matchLabels{{}}"
+          for kind in ("podAffinity", "podAntiAffinity")
+          for term in ("requiredDuringSchedulingIgnoredDuringExecution[]",
+                       "preferredDuringSchedulingIgnoredDuringExecution[].podAffinityTerm")
+          for sel in ("labelSelector", "namespaceSelector")),
+        *(f".spec.template.spec.affinity.{kind}.{term}.namespaces[]"
+          for kind in ("podAffinity", "podAntiAffinity")
+          for term in ("requiredDuringSchedulingIgnoredDuringExecution[]",
+                       "preferredDuringSchedulingIgnoredDuringExecution[].podAffinityTerm")),
+        ".spec.template.spec.volumes[].downwardAPI.items[].resourceFieldRef.divisor",
+        ".spec.template.spec.volumes[].emptyDir.sizeLimit",
+        ".spec.template.spec.volumes[].ephemeral.volumeClaimTemplate.spec.resources.limits{}",
+        ".spec.template.spec.volumes[].ephemeral.volumeClaimTemplate.spec.resources.requests{}",
+        ".spec.template.spec.volumes[].ephemeral.volumeClaimTemplate.spec.selector.matchLabels{}",
+        ".spec.template.spec.volumes[].persistentVolumeClaim.claimName",
+        ".spec.template.spec.volumes[].projected.sources[].clusterTrustBundle.labelSelector"
+        ".matchLabels{}",
+        ".spec.template.spec.volumes[].projected.sources[].downwardAPI.items[].resourceFieldRef"
+        ".divisor",
     }  # fmt: skip
     # Each uncovered path shares its pattern with a covered one (limits/requests, the
     # storage class/claim name, the size/shmSize, the two init paths, metadata.name at the root,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -14,6 +15,9 @@ from typing import Any
 
 import psutil
 import pytest
+
+from megatron_trainer.agent.wire import MAX_PENDING
+from tests.goodput_truth import check_ledger
 
 from .test_local_run import ROOT, run_argv
 
@@ -68,14 +72,27 @@ def test_a_killed_launcher_process_is_replaced_alone(clean: dict[str, Any], tmp_
         if len(lines) >= 5:
             break
         time.sleep(0.2)
-    launchers = [
-        p
+    launchers = {
+        p.environ().get("NODE_RANK"): p
         for p in psutil.Process(proc.pid).children(recursive=True)
-        if p.cmdline()[-2:] == ["-m", "megatron_trainer"] and p.environ().get("NODE_RANK") == "1"
+        if p.cmdline()[-2:] == ["-m", "megatron_trainer"]
+    }
+    assert set(launchers) == {"0", "1"}
+    # Another local user's process: it cannot read the run's key, poses as node rank 1 and
+    # reports exit code 78 (which fails a job), and holds idle connections, twice the cap, for
+    # the rest of the run. None of it counts: the replacement of node rank 1 still joins.
+    key = tmp_path / "coordinator.key"
+    assert key.stat().st_mode & 0o777 == 0o600
+    port = int(launchers["0"].environ()["MEGATRON_COORDINATOR_PORT"])
+    idle = [
+        socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2 * MAX_PENDING)
     ]
-    assert len(launchers) == 1
-    os.kill(launchers[0].pid, signal.SIGKILL)  # the "container" of node rank 1
+    forged = _forge(port, node=1)
+    os.kill(launchers["1"].pid, signal.SIGKILL)  # the "container" of node rank 1
+    killed = time.time()
     out, _ = proc.communicate(timeout=1200)
+    for sock in [*idle, forged]:
+        sock.close()
     assert proc.returncode == 0, out[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["restarts"] == 1 and s["losses"] == clean["losses"]
@@ -90,3 +107,19 @@ def test_a_killed_launcher_process_is_replaced_alone(clean: dict[str, Any], tmp_
     assert (
         "started the ranks of attempt 1" in (logs / "attempt-0" / "cpu-tiny-a0-0.log").read_text()
     )
+    # The goodput ledger against the true timeline (a lost pod: its rank died with it).
+    check_ledger(tmp_path, kills=[killed])
+    assert s["ledger"]["seconds"]["restartReplacePod"] > 0
+
+
+def _forge(port: int, node: int) -> socket.socket:
+    """A hello as `node` under a guessed key, then a failure with exit code 78."""
+    from megatron_trainer.agent.wire import encode, hello_mac
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    challenge = json.loads(sock.makefile("rb").readline())["nonce"]
+    hello = {"op": "hello", "node": node, "pod": "x", "epoch": 0, "nonce": "ab" * 32}
+    hello["mac"] = hello_mac(b"guessed-key-guessed-key", challenge, hello)
+    failed = {"op": "failed", "epoch": 0, "local": 0, "code": 78, "time": "2026-01-01T00:00:00Z"}
+    sock.sendall(encode(hello) + encode(failed))
+    return sock

@@ -4,9 +4,11 @@ the status file, as `mjob run --local` does. No torch: these run in seconds."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -54,6 +56,8 @@ class Gang:
         self.master_port, self.coordinator_port = free_port(), free_port()
         self.status_file = workdir / "status.json"
         self.report_file = workdir / "report.json"
+        self.key_file = workdir / "coordinator.key"
+        self.key_file.write_bytes(os.urandom(32))
         self.extra = extra
         self.launchers: dict[int, subprocess.Popen[bytes]] = {}
         self.status(0, "Pending")
@@ -71,6 +75,7 @@ class Gang:
             MEGATRON_RESTART_ATTEMPT=str(attempt),
             MEGATRON_RESTART_STRATEGY="InPlace",
             MEGATRON_COORDINATOR_PORT=str(self.coordinator_port),
+            MEGATRON_COORDINATOR_KEY_FILE=str(self.key_file),
             MEGATRON_STATUS_FILE=str(self.status_file),
             MEGATRON_REPORT_FILE=str(self.report_file),
             POD_NAME=pod or f"job-a{attempt}-{node}",
@@ -256,17 +261,37 @@ def test_a_coordinator_that_hears_no_operator_lets_a_failed_rank_end_its_pod(
         gang.stop()
 
 
-def test_the_coordinator_drops_what_is_not_the_protocol(gang: Gang) -> None:
-    import socket
+def _peer(gang: Gang) -> tuple[socket.socket, str]:
+    """A connection to the gang's coordinator, and the nonce of its challenge."""
+    sock = socket.create_connection(("127.0.0.1", gang.coordinator_port), timeout=5)
+    line = sock.makefile("rb").readline()
+    challenge = json.loads(line)
+    assert challenge["op"] == "challenge" and len(challenge["nonce"]) == 64
+    return sock, str(challenge["nonce"])
 
+
+def _closed(sock: socket.socket) -> bool:
+    sock.settimeout(5)
+    try:
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                return True
+            if b'"op":"welcome"' in chunk:
+                return False
+    except ConnectionResetError:
+        return True
+
+
+def test_the_coordinator_drops_what_is_not_the_protocol(gang: Gang) -> None:
     gang.launch(0)
     gang.launch(1)
     gang.started(0)
     for junk in (b"not json\n", b'{"op":"failed"}\n', b"x" * 10000, b'{"op":"hello","node":99}\n'):
-        with socket.create_connection(("127.0.0.1", gang.coordinator_port), timeout=5) as s:
+        s, _ = _peer(gang)
+        with s:
             s.sendall(junk)
-            s.settimeout(5)
-            assert s.recv(10) == b""  # closed on us
+            assert _closed(s)  # closed on us
     assert all(p.poll() is None for p in gang.launchers.values())
     report = gang.report()
     assert report is None or (report.failures == () and report.lost == ())
@@ -327,3 +352,129 @@ def test_a_zygote_whose_imports_started_cuda_forks_no_rank(
     fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))
     monkeypatch.setitem(sys.modules, "torch", fake_torch)
     assert worker.fork_unsafe() == "the imports initialised CUDA (torch)"
+
+
+def _forge(gang: Gang, node: int, key: bytes) -> socket.socket:
+    """A peer posing as `node`'s launcher: its hello (with a MAC under `key`), then a failure
+    with exit code 78 (the trainer's configuration error, which the default rules fail the job
+    on) and a drop. Returns the socket, closed or not by the coordinator."""
+    from megatron_trainer.agent.wire import encode, hello_mac
+
+    sock, challenge = _peer(gang)
+    hello = {"op": "hello", "node": node, "pod": f"job-a0-{node}", "epoch": 0, "nonce": "ab" * 32}
+    hello["mac"] = hello_mac(key, challenge, hello)
+    failed = {"op": "failed", "epoch": 0, "local": 0, "code": 78, "time": "2026-01-01T00:00:00Z"}
+    with contextlib.suppress(OSError):
+        sock.sendall(encode(hello) + encode(failed))
+    return sock
+
+
+def test_a_peer_without_the_key_changes_nothing(gang: Gang) -> None:
+    gang.launch(0)
+    gang.launch(1)
+    first = {r["rank"]: r["pid"] for r in gang.started(0)}
+    # A guessed key, and a replay of a real launcher's hello under a guessed nonce: both refused.
+    for key in (b"0" * 32, b"guess"):
+        with _forge(gang, 1, key) as sock:
+            assert _closed(sock)
+    time.sleep(0.5)
+    report = gang.report()
+    assert report is None or (report.failures == () and report.lost == ()), report
+    assert all(alive(p) for p in first.values())  # no rank was stopped
+    assert all(p.poll() is None for p in gang.launchers.values())
+    assert gang.logs().count("a hello as node rank 1 without the job's key") == 2
+    for _ in range(20):  # a peer reconnecting in a loop does not flood the pod's log
+        with _forge(gang, 1, b"0" * 32) as sock:
+            assert _closed(sock)
+    assert gang.logs().count("coordinator: dropping a connection") == 5
+    gang.finish(0)
+    assert {n: p.wait(timeout=20) for n, p in gang.launchers.items()} == {0: 0, 1: 0}
+
+
+def test_a_second_hello_for_a_live_node_rank_is_refused(gang: Gang) -> None:
+    # Even with the key (a leaked key, or a launcher of the job started twice): the node rank's
+    # open connection keeps its place, and nothing the second one says counts.
+    gang.launch(0)
+    gang.launch(1)
+    gang.started(0)
+    with _forge(gang, 1, gang.key_file.read_bytes()) as sock:
+        assert _closed(sock)
+    time.sleep(0.5)
+    report = gang.report()
+    assert report is None or (report.failures == () and report.lost == ()), report
+    gang.finish(0)
+    assert {n: p.wait(timeout=20) for n, p in gang.launchers.items()} == {0: 0, 1: 0}
+
+
+def test_idle_connections_up_to_the_cap_do_not_keep_launchers_out(tmp_path: Path) -> None:
+    from megatron_trainer.agent.wire import HELLO_TIMEOUT_SECONDS, MAX_PENDING
+
+    gang = Gang(tmp_path)
+    idle: list[socket.socket] = []
+    try:
+        gang.launch(0)
+        wait(lambda: _connectable(gang), "the coordinator to listen")
+        # Twice the cap of connections that never say hello, held open, before the other
+        # launcher starts: the oldest are dropped to make room, and each is closed after the
+        # hello deadline anyway.
+        idle = [_peer(gang)[0] for _ in range(2 * MAX_PENDING)]
+        gang.launch(1)
+        gang.started(0)  # the barrier passed
+        start = time.monotonic()
+        assert all(_closed(s) for s in idle)
+        assert time.monotonic() - start < HELLO_TIMEOUT_SECONDS + 5
+        gang.finish(0)
+        assert {n: p.wait(timeout=20) for n, p in gang.launchers.items()} == {0: 0, 1: 0}
+    finally:
+        for s in idle:
+            s.close()
+        gang.stop()
+
+
+def _connectable(gang: Gang) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", gang.coordinator_port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def test_a_launcher_without_the_key_never_starts_its_ranks(tmp_path: Path) -> None:
+    gang = Gang(tmp_path)
+    try:
+        gang.launch(0)
+        other = tmp_path / "other.key"
+        other.write_bytes(os.urandom(32))
+        gang.launch(1, MEGATRON_COORDINATOR_KEY_FILE=str(other))
+        # The coordinator refuses its hello (the MAC is under another key), again and again.
+        wait(
+            lambda: gang.logs().count("a hello as node rank 1 without the job's key") >= 3,
+            "the coordinator to refuse node rank 1 three times",
+        )
+        assert gang.ranks() == []  # node rank 1 never joined: the barrier holds
+        assert all(p.poll() is None for p in gang.launchers.values())
+    finally:
+        gang.stop()
+
+
+def test_where_the_coordinator_listens_and_whether_the_key_is_usable(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from megatron_contract.env import runtime_env
+    from megatron_trainer.agent.inplace import listen_address, usable_key
+
+    gang = Gang(tmp_path)
+    env = runtime_env(gang.env(0))
+    assert listen_address(env) == "127.0.0.1"  # locally: loopback
+    pod = replace(env, master_addr="job-0.job.team.svc", pod_ip="10.1.2.3")
+    assert listen_address(pod) == "10.1.2.3"  # the pod's own IP: not a secondary network's
+    assert listen_address(replace(pod, pod_ip=None)) == ""  # unknown: every interface
+    assert usable_key(env) is None
+    # Without a key (an operator that mounts none, a Secret deleted by hand) the pod runs
+    # as with Recreate (launcher.py): no coordinator may listen unauthenticated.
+    assert "no coordinator key file" in str(usable_key(replace(env, coordinator_key_file=None)))
+    short = tmp_path / "short.key"
+    short.write_bytes(b"x" * 8)
+    assert "not a key" in str(usable_key(replace(env, coordinator_key_file=str(short))))
+    missing = str(tmp_path / "none.key")
+    assert "cannot be read" in str(usable_key(replace(env, coordinator_key_file=missing)))

@@ -89,7 +89,7 @@ class Sim:
         if lease is not None and self.lease is None:  # get-or-create, never replaced
             self.lease = copy.deepcopy(lease)
         pods = out.create_pods if max_creates is None else out.create_pods[:max_creates]
-        for obj in copy.deepcopy(pods):
+        for obj in [copy.deepcopy(p) for p in pods]:
             name = obj["metadata"]["name"]
             assert name not in self.pods, f"duplicate create of {name}"
             obj["status"] = {"phase": "Pending"}

@@ -42,7 +42,12 @@ def series(metric: str, values: str, **labels: str) -> dict[str, str]:
 def annotations() -> dict[str, dict[str, str]]:
     """Each alert's annotations as the chart renders them (with their $labels templates)."""
     rule = one(render("alerts.enabled=true"), "PrometheusRule")
-    return {r["alert"]: r["annotations"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    return {
+        r["alert"]: r["annotations"]
+        for g in rule["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
 
 
 def expanded(alert: str, labels: dict[str, str]) -> dict[str, str]:
@@ -204,7 +209,10 @@ def test_every_alert_fires_when_it_should_and_is_silent_otherwise(rule_file: Pat
     proc = run_tests(rule_file, tests)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rules = {
-        r["alert"] for g in yaml.safe_load(rule_file.read_text())["groups"] for r in g["rules"]
+        r["alert"]
+        for g in yaml.safe_load(rule_file.read_text())["groups"]
+        for r in g["rules"]
+        if "alert" in r
     }
     tested = {t["alertname"] for case in tests for t in case["alert_rule_test"]}
     assert tested == rules  # every alert of the chart, none forgotten
@@ -217,3 +225,83 @@ def test_the_evaluator_would_catch_a_wrong_expectation(rule_file: Path) -> None:
     ]}]  # fmt: skip
     proc = run_tests(rule_file, wrong)
     assert proc.returncode != 0 and "MegatronJobNoProgress" in proc.stdout + proc.stderr
+
+
+# Two jobs' ledgers, one sample a minute for two hours: job "fast" (8 GPUs, namespace a) is
+# productive 54 of every 60 s; job "slow" (1,024 GPUs, namespace b) 30 of 60 s, the rest restarts.
+GOODPUT = [
+    series("megatronjob_goodput_seconds_total", "0+54x120", cause="productive", **job("fast")),
+    series("megatronjob_goodput_seconds_total", "0+6x120", cause="startUp", **job("fast")),
+    series("megatronjob_gpus", "8x120", **job("fast")),
+    series(
+        "megatronjob_goodput_seconds_total",
+        "0+30x120",
+        cause="productive",
+        namespace="b",
+        name="slow",
+    ),
+    series(
+        "megatronjob_goodput_seconds_total",
+        "0+30x120",
+        cause="restartRecreate",
+        namespace="b",
+        name="slow",
+    ),
+    series("megatronjob_gpus", "1024x120", namespace="b", name="slow"),
+]
+
+
+def test_the_fleet_goodput_is_recorded(rule_file: Path) -> None:
+    """The chart's recording rules over two jobs' ledgers: the fleet's goodput by job-seconds
+    (0.7), weighted by GPUs (the big job's 50 % dominates), per namespace, and by cause."""
+    weighted = (54 * 8 + 30 * 1024) / (60 * 8 + 60 * 1024)
+    expect = [
+        ("megatron:goodput:ratio_rate1h", [({}, 84 / 120)]),
+        ("megatron:goodput_gpu_weighted:ratio_rate1h", [({}, weighted)]),
+        (
+            "namespace:megatronjob_goodput:ratio_rate1h",
+            [({"namespace": "team"}, 0.9), ({"namespace": "b"}, 0.5)],
+        ),
+        (
+            "cause:megatronjob_goodput_seconds:rate1h",
+            [
+                ({"cause": "productive"}, 84 / 60),
+                ({"cause": "startUp"}, 0.1),
+                ({"cause": "restartRecreate"}, 0.5),
+            ],
+        ),
+    ]
+    tests = [
+        {
+            "interval": "1m",
+            "input_series": GOODPUT,
+            "promql_expr_test": [
+                {
+                    "expr": name,
+                    "eval_time": "90m",
+                    "exp_samples": [
+                        {
+                            "labels": f"{name}{{{', '.join(f'{k}={v!r}'.replace(chr(39), chr(34)) for k, v in labels.items())}}}",
+                            "value": value,
+                        }
+                        for labels, value in samples
+                    ],
+                }
+                for name, samples in expect
+            ],
+        }
+    ]
+    proc = run_tests(rule_file, tests)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    wrong = [
+        {
+            **tests[0],
+            "promql_expr_test": [
+                {
+                    **tests[0]["promql_expr_test"][0],
+                    "exp_samples": [{"labels": "megatron:goodput:ratio_rate1h", "value": 0.8}],
+                }
+            ],
+        }
+    ]
+    assert run_tests(rule_file, wrong).returncode != 0  # the check can fail

@@ -65,8 +65,9 @@ MULTI_TENANT = str(CHART / "values-multi-tenant.yaml")
 
 
 def test_lint_strict() -> None:
-    run_helm("lint", str(CHART), "--strict")
-    run_helm("lint", str(CHART), "--strict", *(a for s in EVERYTHING for a in ("--set", s)))
+    ns = ("--set", "watchNamespaces={team-a}")
+    run_helm("lint", str(CHART), "--strict", *ns)
+    run_helm("lint", str(CHART), "--strict", *ns, *(a for s in EVERYTHING for a in ("--set", s)))
 
 
 @pytest.mark.parametrize("name", list(RENDERS))
@@ -115,6 +116,8 @@ def test_everything_renders_every_optional_object() -> None:
         (["alerts.pendingFor=soon"], "/alerts/pendingFor"),
         (["admissionPolicy.images.allowed={ghcr.io/team*}"], "/admissionPolicy/images/allowed/0"),
         (["clusterWide=false"], "clusterWide=false needs the namespaces to watch"),
+        # The release namespace holds the operator's keys: no job there, so never watched.
+        (["watchNamespaces={team-a,megatron-system}"], "lists megatron-system, the operator's own"),
         (["admissionPolicy.forbiddenTolerationKeys={x}"], "additional properties"),
         (
             ["metrics.secure=false", "metrics.serviceMonitor.enabled=true"],
@@ -123,7 +126,7 @@ def test_everything_renders_every_optional_object() -> None:
     ],
 )
 def test_schema_rejects_bad_values(sets: list[str], message: str) -> None:
-    args = ["template", "mo", str(CHART)]
+    args = ["template", "mo", str(CHART), "-n", "megatron-system"]
     for item in sets:
         args += ["--set", item]
     proc = run_helm(*args, check=False)
@@ -136,6 +139,8 @@ def test_several_replicas_need_leader_election() -> None:
         "template",
         "mo",
         str(CHART),
+        "--set",
+        "watchNamespaces={team-a}",
         "--set",
         "replicas=3",
         "--set",
@@ -194,7 +199,9 @@ def test_ha_render() -> None:
     assert deploy["spec"]["replicas"] == 2
     assert deploy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     pdb = one(objs, "PodDisruptionBudget")
-    assert pdb["spec"]["selector"] == deploy["spec"]["selector"]
+    assert (
+        pdb["spec"]["selector"]["matchLabels"] == deploy["spec"]["template"]["metadata"]["labels"]
+    )
     election = [
         r for r in of_kind(objs, "Role") if r["metadata"]["name"].endswith("-leader-election")
     ]
@@ -230,7 +237,8 @@ def test_namespaced_mode_grants_roles_in_watched_namespaces_only() -> None:
     rules = roles["team-a"]["rules"]
     assert rules_for(rules, "pods") >= {"create", "delete", "watch"}
     assert "update" not in rules_for(rules, "megatronjobs")
-    assert rules_for(rules, "secrets") == set()
+    # The jobs' coordinator keys: created, read back for the ownership check, never updated.
+    assert rules_for(rules, "secrets") == {"get", "list", "create", "delete"}
 
     # Cluster-wide mode (the default): the same namespaced rules, in the ClusterRole, no Role.
     wide = render()
@@ -301,9 +309,17 @@ def test_the_default_install_watches_every_namespace() -> None:
     assert rules_for(rules, "pods") == {"get", "list", "watch", "create", "delete"}
     roles = [r for r in of_kind(objs, "Role") if not r["metadata"]["name"].endswith("-election")]
     assert roles == []
+
+
+def test_listing_namespaces_is_the_narrowest_install() -> None:
+    objs = render("watchNamespaces={team-a}")
+    wide = operator_role(objs)["rules"]
+    assert rules_for(wide, "pods") == set()  # nothing namespaced cluster-wide
+    roles = [r for r in of_kind(objs, "Role") if not r["metadata"]["name"].endswith("-election")]
+    assert [r["metadata"]["namespace"] for r in roles] == ["team-a"]
+    rules = roles[0]["rules"]
     # The garbage collector deletes a job's progress Lease; the operator may not.
     assert rules_for(rules, "leases") == {"get", "list", "watch", "create", "update", "patch"}
-    assert rules_for(rules, "secrets") == set()
     # The metrics reader role for Prometheus, and the guardrail policies, are on by default.
     reader = next(
         r for r in of_kind(objs, "ClusterRole") if r["metadata"]["name"].endswith("-metrics-reader")
@@ -336,7 +352,16 @@ def test_the_cluster_wide_values_comment_says_what_it_grants() -> None:
 
 
 def test_the_multi_tenant_profile_turns_the_admission_policy_on() -> None:
-    proc = run_helm("template", "mo", str(CHART), "-f", MULTI_TENANT, check=False)
+    proc = run_helm(
+        "template",
+        "mo",
+        str(CHART),
+        "-f",
+        MULTI_TENANT,
+        "--set",
+        "watchNamespaces={a}",
+        check=False,
+    )
     assert proc.returncode != 0 and "admissionPolicy.images.allowed is empty" in proc.stderr
     objs = render("admissionPolicy.images.allowed={registry.example.com/ml/*}", values=MULTI_TENANT)
     policy = next(
@@ -484,3 +509,24 @@ def test_global_aggregated_roles_and_the_queue_requirement() -> None:
         "template", "mo", str(CHART), "--set", "kueue.requireQueueLabel=true", check=False
     )
     assert proc.returncode != 0 and "needs kueue.enabled=true" in proc.stderr
+
+
+def test_no_pod_of_a_job_can_join_the_operators_service_or_reach_its_other_ports() -> None:
+    """The metrics Service, the PDB and the PodMonitor select the operator's pods by a
+    megatron.dev/ label as well, which the CRD refuses in a job's pod template; a NetworkPolicy
+    admits connections to the metrics and health ports only."""
+    objs = render("podDisruptionBudget.enabled=true", "metrics.podMonitor.enabled=true",
+                  "metrics.podMonitor.tokenSecret=t")  # fmt: skip
+    pod_labels = one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["megatron.dev/operator"] == "mo"
+    selectors = [
+        one(objs, "Service")["spec"]["selector"],
+        one(objs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+        one(objs, "PodMonitor")["spec"]["selector"]["matchLabels"],
+        one(objs, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"],
+    ]
+    assert all(s == pod_labels for s in selectors), selectors
+    policy = one(objs, "NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]] == [8443, 8081]
+    assert not [o for o in render("operatorNetworkPolicy=false") if o["kind"] == "NetworkPolicy"]

@@ -97,6 +97,18 @@ def test_run_local_refuses_env_that_loads_code_on_this_host(
     assert "NCCL_DEBUG" not in err and "--trust-env" in err
 
 
+def test_run_local_refuses_the_templates_trainer_env_that_loads_code_too(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The template's trainer env is merged into the same environment as spec.env.
+    trainer = "{name: trainer, env: [{name: OMP_NUM_THREADS, value: '1'}, {name: LD_PRELOAD, value: /tmp/x.so}]}"
+    template = f"template={{spec: {{containers: [{trainer}]}}}}"
+    assert main(["run", TINY, "--local", "--set", template]) == 2
+    err = capsys.readouterr().err
+    assert "spec.template.spec.containers[0].env[1].name: LD_PRELOAD" in err, err
+    assert "OMP_NUM_THREADS" not in err and "--trust-env" in err
+
+
 def test_unknown_argument_exits_2() -> None:
     proc = _mjob("plan", TINY, "--frobnicate")
     assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr

@@ -39,7 +39,17 @@ def test_names_and_subresources() -> None:
     assert version["name"] == "v1alpha1"
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Layout", "GPUs", "Restarts", "Progress", "Queue", "Age"]
+    assert columns == [
+        "Phase",
+        "Layout",
+        "GPUs",
+        "Restarts",
+        "Progress",
+        "Goodput",
+        "ETA",
+        "Queue",
+        "Age",
+    ]
 
 
 def _walk(node: dict[str, Any], path: str, out: list[tuple[str, dict[str, Any]]]) -> None:

@@ -310,7 +310,7 @@ def test_a_pod_level_root_uid_is_refused_naming_the_field(
     argv = ["validate", str(path), "--set", "template.spec.securityContext={runAsUser: 0}"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "spec.template.spec.securityContext.runAsUser: 0 is root" in err
+    assert "spec.template.spec.securityContext.runAsUser: runAsUser 0 (root) is refused" in err
     argv[-1] = "template.spec.securityContext={runAsUser: 4242, fsGroup: 4242}"
     assert main(argv) == 0
 

@@ -13,7 +13,11 @@ from megatron_operator.cluster import controller as ctl
 from megatron_operator.cluster.controller import EXPECT_SECONDS, Controller
 from megatron_operator.cluster.kube import Kube
 from megatron_operator.cluster.metrics import Metrics
+from megatron_operator.core.planner import plan
 from megatron_operator.core.reconcile import Outcome
+from megatron_operator.core.render import Pods
+
+from .specs import job_of
 
 JOB = {"metadata": {"namespace": "team", "name": "job", "uid": "job-uid"}, "status": {}}
 
@@ -41,17 +45,15 @@ class FakeKube:
         return len(pods)
 
 
-def _pod(name: str) -> dict[str, Any]:
-    return {"kind": "Pod", "metadata": {"name": name, "namespace": "team"}}
-
-
 def _outcome() -> Outcome:
+    job = job_of(name="job", namespace="team")
     return Outcome(
         status={},
         delete_pods=["job-a0-0", "job-a0-1"],
         delete_uids={"job-a0-0": "u0", "job-a0-1": "u1", "job-a0-2": "u2"},
         force_delete=["job-a0-2"],
-        create=[{"kind": "ConfigMap", "metadata": {"name": "job-config"}}, _pod("job-a1-0")],
+        create=[{"kind": "ConfigMap", "metadata": {"name": "job-config"}}],
+        pods=Pods(job, plan(job.spec), [0], 1),  # job-a1-0
     )
 
 

@@ -37,7 +37,7 @@ class Kube1:
     def get_job(self, ns: str, name: str) -> dict[str, Any]:
         return dict(JOB)
 
-    def list_pods(self, ns: str, job: str) -> list[Any]:
+    def list_pods(self, ns: str, job: str, slim: bool = False) -> list[Any]:
         return []
 
     def get_lease(self, ns: str, name: str) -> None:

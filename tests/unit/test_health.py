@@ -4,17 +4,29 @@ probes or grow threads (cluster/httpserve.py)."""
 
 from __future__ import annotations
 
+import os
 import socket
+import ssl
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from megatron_operator.cluster.health import STALE_SECONDS, Health, serve_health, serve_metrics
+from megatron_operator.cluster import authn
+from megatron_operator.cluster.authn import TokenAuthorizer
+from megatron_operator.cluster.health import (
+    STALE_SECONDS,
+    Health,
+    serve_health,
+    serve_metrics,
+    tls_context,
+)
+from megatron_operator.cluster.httpserve import Reply, Server
 
 
 class Clock:
@@ -138,3 +150,93 @@ def test_idle_connections_neither_starve_the_probes_nor_grow_threads(
     finally:
         for s in idle:
             s.close()
+
+
+def _tls_context(tmp: Path) -> ssl.SSLContext:
+    """A server context with a fresh self-signed certificate for 127.0.0.1."""
+    from datetime import UTC, datetime, timedelta
+    from ipaddress import ip_address
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "metrics")])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(1)
+        .not_valid_before(now - timedelta(minutes=1)).not_valid_after(now + timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ip_address("127.0.0.1"))]),
+                       critical=False)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    (tmp / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp / "tls.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return tls_context(str(tmp))
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_half_open_tls_handshakes_count_against_the_connection_cap(tmp_path: Path) -> None:
+    """Connections are capped from the TCP accept on: 2,000 handshakes that never finished once
+    held ~275 MB, since the cap counted only connections past their handshake."""
+    cap = 16
+    server = Server(
+        "127.0.0.1", 0, lambda path, headers: Reply(200, b"ok\n"), tls=_tls_context(tmp_path),
+        max_connections=cap,
+    )  # fmt: skip
+    idle: list[socket.socket] = []
+    try:
+        before = _open_fds()
+        for _ in range(100):  # TCP connections that never send a ClientHello
+            idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        time.sleep(0.5)  # let the server accept them all
+        # Ours are 100; the server keeps at most `cap` of its ends (it closed the oldest).
+        assert _open_fds() - before <= 100 + cap + 4
+        client = ssl.create_default_context(cafile=str(tmp_path / "tls.crt"))
+        started = time.monotonic()
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{server.port}/x", timeout=5, context=client
+        ) as r:
+            assert r.read() == b"ok\n"
+        assert time.monotonic() - started < 2.0
+        assert server.evicted >= 100 - cap
+    finally:
+        for s in idle:
+            s.close()
+        server.close()
+
+
+def test_only_jwts_are_reviewed_and_reviews_are_rate_limited() -> None:
+    """A made-up token costs the apiserver nothing: only a JWT is sent for review, and reviews of
+    tokens not in the cache are rate-limited (429 beyond)."""
+    clock = Clock()
+    authorizer = TokenAuthorizer(None, clock=clock)
+    asked: list[str] = []
+
+    def ask(token: str, path: str) -> str:
+        asked.append(token)
+        return "unauthenticated"
+
+    authorizer._ask = ask  # type: ignore[method-assign]
+    for bogus in ("not-a-token", "a.b", "x" * 5000, "abc.def.ghi jkl"):
+        assert authorizer.decide(f"Bearer {bogus}", "/metrics") == "unauthenticated"
+    assert asked == []
+    jwts = [f"eyJh{i:04d}.eyJzdWIi{i:04d}.c2ln{i:04d}" for i in range(40)]
+    decisions = [authorizer.decide(f"Bearer {t}", "/metrics") for t in jwts]
+    assert len(asked) == authn.REVIEW_BURST and decisions.count("throttled") == 40 - len(asked)
+    clock.now += 1.0  # the bucket refills at REVIEWS_PER_SECOND
+    assert authorizer.decide(f"Bearer {jwts[-1]}", "/metrics") == "unauthenticated"
+    assert authorizer.decide(f"Bearer {jwts[0]}", "/metrics") == "unauthenticated"  # cached
+    assert len(asked) == authn.REVIEW_BURST + 1

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from megatron_contract.bounds import INT64_MAX
 from megatron_contract.paths import PROGRESS_ANNOTATION
+from megatron_contract.timeline import parse_clock
 from megatron_operator.core.observe import lease_view, parse_progress, pod_view
 
 from .sim import Sim
@@ -138,7 +139,16 @@ _JSON = st.recursive(
     lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=5), c)),
     max_leaves=8,
 )
-_FIELDS = ["attempt", "iteration", "loss", "tokensPerSecond", "mfu", "checkpointIteration", "time"]
+_FIELDS = [
+    "attempt",
+    "iteration",
+    "loss",
+    "tokensPerSecond",
+    "mfu",
+    "checkpointIteration",
+    "time",
+    "clock",  # the goodput ledger's timeline (megatron_contract/timeline.py)
+]
 
 
 def _record_text(doc: Any, raw: str | None) -> str:
@@ -195,3 +205,34 @@ def test_fuzzed_trainer_writes_never_break_the_reconcile(
     sim.step()
     _bounded(sim.status)
     assert sim.status["phase"] == "Suspended"
+
+
+_CLOCK_KEYS = ["now", "began", "loop", "start", "rdzv", "load", "save"]
+_CLOCKS = st.one_of(_JSON, st.dictionaries(st.sampled_from(_CLOCK_KEYS), _JSON, max_size=7))
+
+
+@settings(max_examples=300, deadline=None)
+@given(clock=_CLOCKS)
+def test_a_hostile_clock_parses_to_bounded_numbers_or_nothing(clock: Any) -> None:
+    """The record's `clock` (the goodput ledger's facts): any value parses to in-range numbers
+    or to nothing, and never raises."""
+    parsed = parse_clock(clock)
+    if parsed is not None:
+        assert 946_684_800 <= parsed.now < 7_258_118_400
+        for value in (parsed.rendezvous, parsed.load, parsed.save):
+            assert value is None or 0 <= value <= 1e8
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(clock=_CLOCKS)
+def test_a_hostile_clock_leaves_the_ledger_exact(clock: Any) -> None:
+    """Whatever the clock, the ledger the reconcile writes still sums to its wall time (the
+    fuzz test above also draws `clock` among a record's fields)."""
+    sim = _sim()
+    sim.start_running()
+    _write(sim, json.dumps({"attempt": 0, "iteration": 5, "time": NOW, "clock": clock}))
+    sim.tick(40)  # past the ledger's own write interval
+    sim.step()
+    _bounded(sim.status)
+    ledger = sim.status["ledger"]
+    assert abs(sum(ledger["seconds"].values()) - ledger["wallSeconds"]) < 1e-6

@@ -205,7 +205,11 @@ def _pod_setup(root: Path, work: str) -> dict[str, str]:
         MEGATRON_PROGRESS_FILE=f"{work}/progress.jsonl",
         MEGATRON_STATUS_FILE=f"{work}/status.json",
         MEGATRON_REPORT_FILE=f"{work}/launchers.json",
+        MEGATRON_COORDINATOR_KEY_FILE=f"{work}/coordinator.key",
     )
+    key = root / work.lstrip("/") / "coordinator.key"
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
     (root / work.lstrip("/") / "status.json").write_text(
         json.dumps({"restartAttempt": 0, "phase": "Running"})
     )
@@ -242,6 +246,8 @@ def test_the_launcher_runs_a_command_job_under_other_pythons(suite: str, tmp_pat
         want = imagebuild.PYTHON_SUITES[suite]
         assert f"stand-in rank 0 python {want}" in out and f"stand-in rank 1 python {want}" in out
         assert "iteration        3/       3 | consumed samples" in out  # copied to the log as is
+        # In place: the coordinator (HMAC handshake) and the agent ran under this Python.
+        assert "coordinating 1 launcher(s)" in out and "started the ranks of attempt 0" in out
         records = [
             json.loads(line)
             for line in (root / work.lstrip("/") / "progress.jsonl").read_text().splitlines()

@@ -60,3 +60,38 @@ def test_a_job_without_a_progress_source_is_never_measured_as_idle() -> None:
     spec["trainer"]["progress"] = "MegatronLog"
     m.observe_status("team", "c", running, spec)
     assert len(series(m, "megatronjob_running_since_timestamp_seconds")) == 1
+
+
+def test_goodput_counters_follow_the_ledger_and_count_only_attributed_seconds() -> None:
+    m = Metrics()
+    ledger = {
+        "wallSeconds": 100.0,
+        "seconds": {"productive": 60.0, "startUp": 10.0, "unattributed": 30.0},
+        "goodput": 0.6,
+        "fold": {"closed": 75.0},  # 25 s open: 5 s were closed as unattributed
+    }
+    status = {
+        "phase": "Running",
+        "gpus": 16,
+        "ledger": ledger,
+        "forecast": {"remainingSeconds": 500.0, "p90Seconds": 800.0},
+    }
+    m.observe_status("team", "g", status)
+    job = '{cause="%s",name="g",namespace="team"}'
+    counters = series(m, "megatronjob_goodput_seconds_total")
+    assert counters == {job % "productive": 60.0, job % "startUp": 10.0, job % "unattributed": 5.0}
+    assert series(m, "megatronjob_goodput_ratio") == {'{name="g",namespace="team"}': 0.6}
+    assert series(m, "megatronjob_gpus") == {'{name="g",namespace="team"}': 16.0}
+    assert series(m, "megatronjob_forecast_remaining_seconds") == {
+        '{name="g",namespace="team",quantile="0.5"}': 500.0,
+        '{name="g",namespace="team",quantile="0.9"}': 800.0,
+    }
+    # The open interval attributed later: productive grows, nothing goes back.
+    later = {**ledger, "wallSeconds": 110.0, "fold": {"closed": 110.0}}
+    later["seconds"] = {"productive": 95.0, "startUp": 10.0, "unattributed": 5.0}
+    m.observe_status("team", "g", {"phase": "Succeeded", "ledger": later})
+    counters = series(m, "megatronjob_goodput_seconds_total")
+    assert counters[job % "productive"] == 95.0 and counters[job % "unattributed"] == 5.0
+    assert series(m, "megatronjob_forecast_remaining_seconds") == {}  # ended: no forecast
+    m.forget("team", "g")
+    assert 'name="g"' not in generate_latest(m.registry).decode()

@@ -11,18 +11,20 @@ story against the real Kueue controllers of a manager and two worker clusters.
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from megatron_operator.api import load_job
 from megatron_operator.api.managedby import MULTIKUEUE, OPERATOR, Manager, manager_of
 from megatron_operator.core import kueue
 from megatron_operator.core.kueue import WorkloadPhase
 from megatron_operator.core.multikueue import NO_LABEL, dispatched, reconcile_dispatched
 from megatron_operator.core.planner import plan
-from megatron_operator.core.reconcile import Outcome
+from megatron_operator.core.reconcile import Outcome, World
 
 from .specs import job_doc, job_of, spec_of
 from .test_kueue import cond
@@ -319,7 +321,8 @@ def test_worker_never_takes_a_workload_another_object_controls() -> None:
     ]
     sim = worker_job(wl)
     out = sim.step()
-    assert sim.pods == {} and out.workload is not None and out.workload.adopt is None
+    assert sim.pods == {} and sim.applied == [] and sim.adopted == 0  # not written at all
+    assert out.workload is None or (out.workload.adopt is None and not out.workload.delete)
     assert any("controlled by Job other" in m for _, m in sim.events)
 
 
@@ -328,7 +331,8 @@ def test_worker_never_takes_a_workload_of_another_manager() -> None:
     wl["metadata"]["labels"][kueue.LABEL_MULTIKUEUE_ORIGIN] = "another-manager"
     sim = worker_job(wl)
     out = sim.step()
-    assert sim.pods == {} and out.workload is not None and out.workload.adopt is None
+    assert sim.pods == {} and sim.applied == [] and sim.adopted == 0  # not written at all
+    assert out.workload is None or (out.workload.adopt is None and not out.workload.delete)
     assert any("MultiKueue manager 'another-manager'" in m for _, m in sim.events)
 
 
@@ -347,3 +351,58 @@ def test_worker_finishes_an_out_of_sync_workload_instead_of_running() -> None:
     sim.step()
     assert sim.workload is not None, "a prebuilt Workload is never deleted or replaced here"
     assert sim.pods == {}
+
+
+# --- another job's Workload named by a label -----------------------------------------------
+
+
+class _Custom:
+    """The Workload reads of `Queues.observe`: every name asked for, and one stored Workload."""
+
+    def __init__(self, stored: dict[str, Any]) -> None:
+        self.stored, self.asked = stored, []
+
+    def get_namespaced_custom_object(self, group: str, version: str, ns: str, plural: str,
+                                     name: str, **kw: Any) -> Any:  # fmt: skip
+        from kubernetes.client.exceptions import ApiException
+
+        self.asked.append(name)
+        if name != self.stored["metadata"]["name"]:
+            raise ApiException(status=404)
+        body = json.dumps(self.stored).encode()
+        return type("Resp", (), {"data": body, "release_conn": lambda self: None})()
+
+
+def test_the_manager_never_takes_the_workload_a_prebuilt_label_names() -> None:
+    from types import SimpleNamespace
+
+    from megatron_operator.cluster.workloads import Queues
+
+    # A dispatched Workload of another job; the hostile job names it in the prebuilt label.
+    victim = copied_workload()
+    victim["metadata"]["ownerReferences"] = [
+        {"apiVersion": "megatron.dev/v1alpha1", "kind": "MegatronJob", "name": "victim",
+         "uid": "uid-v", "controller": True}
+    ]  # fmt: skip
+    victim["status"]["clusterName"] = "worker-1"
+    sim = mk_job({"suspend": True})
+    sim.job["metadata"]["labels"][kueue.PREBUILT_WORKLOAD] = victim["metadata"]["name"]
+    custom = _Custom(victim)
+    queues = Queues(SimpleNamespace(custom=custom, client=None))  # type: ignore[arg-type]
+    seen = queues.observe(sim.job)
+    assert custom.asked == [kueue.workload_name("job", "uid-m")]  # its own name only
+    assert seen is not None and seen.workload is None
+    assert kueue.job_workload_name(load_job(sim.job)) == kueue.workload_name("job", "uid-m")
+    out = reconcile_dispatched(World(job=sim.job, pods=[], now=sim.now, queue=seen))
+    assert out.workload is None or (not out.workload.delete and not out.workload.conditions)
+
+
+def test_a_worker_job_never_touches_another_jobs_workload_its_label_names() -> None:
+    wl = copied_workload()  # the Workload of the job "job"
+    sim = worker_job(wl)
+    sim.job["metadata"]["name"] = "evil"
+    out = sim.step()
+    assert sim.adopted == 0 and sim.applied == [] and sim.pods == {}
+    assert out.workload is None or (out.workload.adopt is None and not out.workload.delete)
+    assert sim.workload == wl
+    assert any("which is not this job's" in m for _, m in sim.events)

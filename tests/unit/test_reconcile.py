@@ -650,3 +650,21 @@ def test_bad_job_data_fails_that_job_with_a_condition(case: str, break_it: Any) 
     assert len(out.delete_pods) == 4  # nothing holds a GPU unwatched
     again = sim.step()
     assert again.events == []  # said once, not every reconcile
+
+
+def test_a_job_in_the_operators_own_namespace_is_refused() -> None:
+    """The operator's namespace holds its keys (the claim seal, the metrics TLS key), which a
+    job's pods could mount: a job there fails at once, naming the field, and nothing is made."""
+    from .sim import Sim
+
+    sim = Sim.of_spec(spec_of())
+    sim.settings = Settings(own_namespace="default")  # job_doc's namespace
+    out = sim.step()
+    failed = next(c for c in sim.status["conditions"] if c["type"] == "Failed")
+    assert sim.status["phase"] == "Failed" and failed["reason"] == "InvalidSpec"
+    assert failed["message"].startswith("metadata.namespace: default is the operator's own")
+    assert out.create == [] and out.create_pods == [] and sim.pods == {}
+    sim.settings = Settings(own_namespace="megatron-system")  # elsewhere: planned as usual
+    sim.job["metadata"]["generation"] = 2
+    sim.step()
+    assert sim.status["phase"] != "Failed" and sim.pods

@@ -48,3 +48,23 @@ def test_a_new_job_has_a_short_story() -> None:
     text = describe(job_doc(spec_of(), name="fresh"), [], [])
     assert text.startswith("MegatronJob default/fresh: New, attempt 0")
     assert "Pods: none" in text and "Events" not in text
+
+
+def test_what_a_pod_or_an_event_says_cannot_drive_the_terminal() -> None:
+    """A termination message (copied into status.lastFailure) and an event are written by
+    whoever controls the pod: escape sequences and line breaks in them are shown escaped, so
+    they can neither recolour or clear the terminal nor forge a line of the story."""
+    hostile = "boom\x1b[2J\x1b]0;owned\x07\r\nConditions:\n  Failed  True  \u202eevil\x9b31m"
+    doc = job_doc(spec_of(), name="job")
+    doc["status"] = {
+        "phase": "Running",
+        "lastFailure": {"reason": "Error", "pod": "job-a0-1", "action": "Restart",
+                        "message": hostile},
+        "conditions": [{"type": "Running", "status": "True", "reason": "Ok", "message": hostile}],
+    }  # fmt: skip
+    events = [{"type": "Warning", "reason": "X", "message": hostile, "lastTimestamp": "t"}]
+    text = describe(doc, [], events)
+    assert not any(ord(c) < 0x20 and c != "\n" for c in text)
+    assert not any(0x7F <= ord(c) <= 0x9F or 0x202A <= ord(c) <= 0x202E for c in text)
+    assert text.count("\nConditions:") == 1  # no forged section
+    assert "boom\\x1b[2J\\x1b]0;owned\\x07\\r\\nConditions:" in text

@@ -162,3 +162,46 @@ def test_a_relist_replaces_its_scope_at_once() -> None:
     x, y = cache.pods("x", "a"), cache.pods("y", "a")
     assert x is not None and [p.name for p in x] == ["a-a0-1"]
     assert y is not None and [p.name for p in y] == ["a-a0-0"]
+
+
+def test_the_pod_list_is_read_in_pages_and_keeps_only_what_the_cache_reads() -> None:
+    from types import SimpleNamespace
+
+    from megatron_operator.cluster import kube as kube_module
+    from megatron_operator.core.observe import pod_view
+
+    def pod(i: int) -> dict[str, Any]:
+        return {
+            "metadata": {
+                "name": f"j-a0-{i}",
+                "namespace": "ns",
+                "labels": {"megatron.dev/job-name": "j", "megatron.dev/node-rank": str(i)},
+                "annotations": {"big": "x" * 10_000, "megatron.dev/restart-strategy": "InPlace"},
+                "managedFields": [{"manager": "x" * 1000}],
+            },
+            "spec": {"nodeName": f"n{i}", "containers": [{"name": "s", "env": ["e"] * 1000}]},
+            "status": {"phase": "Running"},
+        }
+
+    calls: list[dict[str, Any]] = []
+    pages = {None: ([pod(0), pod(1)], "t1"), "t1": ([pod(2)], None)}
+
+    class Resp:
+        def __init__(self, body: bytes) -> None:
+            self.data = body
+
+        def release_conn(self) -> None:
+            pass
+
+    def list_namespaced_pod(namespace: str, **kw: Any) -> Resp:
+        calls.append(kw)
+        items, token = pages[kw.get("_continue")]
+        meta = {"resourceVersion": "42", **({"continue": token} if token else {})}
+        return Resp(json.dumps({"items": items, "metadata": meta}).encode())
+
+    fake = SimpleNamespace(core=SimpleNamespace(list_namespaced_pod=list_namespaced_pod))
+    items, version = kube_module.Kube.list_all_pods(fake, "ns")  # type: ignore[arg-type]
+    assert version == "42" and [c.get("limit") for c in calls] == [kube_module.LIST_PAGE] * 2
+    assert [i["metadata"]["name"] for i in items] == ["j-a0-0", "j-a0-1", "j-a0-2"]
+    assert len(json.dumps(items)) < 2000  # no spec, no template annotation, no managedFields
+    assert pod_view(items[2]) == pod_view(pod(2))

@@ -14,20 +14,35 @@ buffers that were already freed). Two things differ from Megatron-Core's `Persis
 The worker is a non-daemon process waiting in `queue.get()`; multiprocessing's exit handler joins
 it, so a rank that leaves on an error must kill it first (`abort_all`, `Checkpointer.abort`), as
 Megatron-LM does with `close(abort=True)`.
+
+The worker is forked when the rank starts (`prefork`, before the rank touches a device or
+starts a thread), not spawned at the first save: a spawned worker imports torch and
+Megatron-Core before it takes its first request (seconds of CPU), and the rank waits for that
+import at its first save (Megatron-Core's caller blocks until the worker has staged the state
+dict). A fork has all of it already. Megatron-Core spawns because it starts the worker late,
+after CUDA is up, when a fork would be unsafe; this one is forked before CUDA exists here. The
+same goes for Megatron-Core's write-results queue, a Manager process whose server unpickles the
+write results (it imported torch to do so when spawned at the first save, sync saves too).
+Both name themselves (`mt-save-writer`, `mt-save-manager`), not after their rank.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import signal
 import weakref
+from multiprocessing.managers import SyncManager
 from typing import Any
 
-from megatron.core.dist_checkpointing.strategies import async_utils
+from megatron.core.dist_checkpointing.strategies import async_utils, filesystem_async
 from megatron.core.dist_checkpointing.strategies.async_utils import (
     AsyncCallsQueue,
     PersistentAsyncCaller,
 )
 from torch import multiprocessing as mp
+
+from .forksafe import fork_unsafe
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +51,11 @@ _LIVE: weakref.WeakSet[AsyncCallsQueue] = weakref.WeakSet()
 
 def worker_main(local_rank: int, is_cuda: bool, *queues_and_level: Any) -> None:
     """The writer process: Megatron-Core's own loop, on this rank's device."""
+    # A forked worker has the rank's handlers (a SIGTERM would set the rank's stop flag here):
+    # it ends when told to, or when killed, as a spawned one does.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    _name(SAVE_WRITER_COMM)
     if not is_cuda:
         from .platform import cpu
 
@@ -86,7 +106,56 @@ class WriterQueue(AsyncCallsQueue):  # type: ignore[misc]
         _LIVE.add(self)
 
 
+_PREFORKED: list[WriterQueue] = []
+
+
+def prefork(local_rank: int, is_cuda: bool, writer: bool) -> None:
+    """Fork this rank's checkpoint helpers now, while a fork is safe (see the module's
+    docstring): Megatron-Core's write-results queue (a Manager process, which unpickles the
+    write results and so imported torch when spawned at the first save) and, for async saves,
+    the writer, which `writer_queue` then hands out. Where a fork is unsafe (the imports started
+    CUDA or a thread), nothing is forked and the first save spawns them, as Megatron-Core does."""
+    reason = fork_unsafe()
+    if reason:
+        log.info("checkpoint helpers start at the first save (not forked now: %s)", reason)
+        return
+    ctx = mp.get_context("fork")
+    if filesystem_async._results_queue is None:
+        manager = SyncManager(ctx=ctx)
+        manager.start(initializer=_name, initargs=(SAVE_MANAGER_COMM,))
+        filesystem_async._results_queue = manager.Queue()  # the proxy keeps the manager
+    if not writer:
+        return
+    queue = writer_queue(local_rank, is_cuda)
+    caller = queue.persistent_caller
+    caller.process = ctx.Process(
+        target=worker_main,
+        args=(
+            local_rank,
+            is_cuda,
+            caller.queue,
+            caller.preload_q,
+            caller.comp_q,
+            async_utils.logger.getEffectiveLevel(),
+        ),
+    )
+    caller.process.start()
+    _PREFORKED.append(queue)
+
+
+SAVE_MANAGER_COMM = "mt-save-manager"
+SAVE_WRITER_COMM = "mt-save-writer"
+
+
+def _name(comm: str) -> None:
+    """A forked helper's command name: not its rank's `mt-rank-N` (megatron_contract/procname.py),
+    which tools read to find the rank."""
+    ctypes.CDLL(None).prctl(15, comm.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+
+
 def writer_queue(local_rank: int, is_cuda: bool) -> AsyncCallsQueue:
+    if _PREFORKED:
+        return _PREFORKED.pop()
     if not is_cuda:
         # On CPU the state dict's tensors themselves travel to the writer. torch's default
         # ("file_descriptor") hands each storage over through a connection to this process's

@@ -16,12 +16,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import TYPE_CHECKING, Final
 
 from megatron_contract.bounds import MAX_ITERATIONS
 from megatron_contract.megatron_log import parse_line as parse_log_line
 from megatron_contract.paths import TRACKER_FILE
 from megatron_contract.progress_log import MAX_LINE, Step, parse_line
+from megatron_contract.timeline import Clock
 
 from .progress import ProgressReporter, Report
 
@@ -42,6 +44,9 @@ class Steps:
         self.lock = threading.Lock()
         self.last: int | None = None  # the newest step forwarded in this attempt
         self.checkpoint: int | None = None  # the newest checkpoint named, carried forward
+        # When this attempt's ranks started: the one fact of the process's timeline the
+        # launcher knows (contract §4, `clock`); the rest is not reported by the code.
+        self.began = time.time()
 
     def restart(self, attempt: int) -> None:
         """The ranks of `attempt` start (in place): its steps start over."""
@@ -49,6 +54,7 @@ class Steps:
             if attempt != self.reporter.attempt:
                 self.reporter.attempt = attempt
                 self.last = None
+                self.began = time.time()
 
     def saved(self, iteration: int) -> None:
         with self.lock:
@@ -64,7 +70,12 @@ class Steps:
             if step.checkpoint_iteration is not None:
                 self.checkpoint = max(self.checkpoint or 0, step.checkpoint_iteration)
             report = Report(
-                step.iteration, step.loss, step.tokens_per_second, step.mfu, self.checkpoint
+                step.iteration,
+                step.loss,
+                step.tokens_per_second,
+                step.mfu,
+                self.checkpoint,
+                Clock(now=time.time(), began=self.began),
             )
             self.reporter.report(report, force=first)
             return True

@@ -379,9 +379,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = config.parallelism
     parallel = (p.tensor, p.context, p.fsdp)
     command = rank_command(config)
+    in_place = env.restart_strategy == IN_PLACE
+    if in_place:
+        from .agent import inplace
+
+        problem = inplace.usable_key(env)
+        if problem is not None:
+            # Only the job's pods hold the key; without it no coordinator may listen, so this
+            # pod runs as with Recreate (a failed rank fails the pod), as every pod of the gang.
+            print(
+                f"megatron_trainer: restart strategy InPlace, but {problem}: running without "
+                "in-place restarts (a failed rank ends the pod)",
+                file=sys.stderr,
+                flush=True,
+            )
+            in_place = False
     reading = read_progress(config, env, cpu, parallel) if config.trainer is not None else None
     try:
-        if env.restart_strategy == IN_PLACE:
+        if in_place:
             return _run_in_place(env, config, command, cpu, parallel, reading)
         # Recreate and ReplacePod: the ranks run once; a failure fails the pod.
         captures = NsysCaptures(config, env.restart_attempt)

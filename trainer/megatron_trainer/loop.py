@@ -26,7 +26,9 @@ from megatron_contract.config import InitConfig, TrainerConfig
 from megatron_contract.env import RuntimeEnv
 from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
+from megatron_contract.timeline import Clock
 
+from .async_save import prefork as prefork_save_helpers
 from .checkpoint import Checkpointer, iteration_path, load_common
 from .data import MicroBatches, build_dataset
 from .decisions import (
@@ -149,14 +151,33 @@ def broadcast_fresh_weights(model: list[Any], loads_weights: bool, fsdp: bool) -
 
 class Trainer:
     def __init__(
-        self, cfg: TrainerConfig, env: RuntimeEnv, local_rank: int, stop: StopFlag
+        self,
+        cfg: TrainerConfig,
+        env: RuntimeEnv,
+        local_rank: int,
+        stop: StopFlag,
+        began: float | None = None,
     ) -> None:
         self.cfg, self.env, self.stop = cfg, env, stop
         self.rank = env.global_rank(local_rank)
+        # The goodput ledger's facts (contract §4, `clock`): when this process began (or its
+        # standby was released), and the seconds of its rendezvous, load and blocking saves.
+        self.began = began if began is not None else time.time()
+        self.loop_began: float | None = None
+        self.start_step = 0
+        self.save_seconds = 0.0
         started = time.monotonic()
+        # The checkpoint helpers are forked now, while this process runs one thread and has
+        # touched no device (async_save.prefork); later a fork would be unsafe.
+        prefork_save_helpers(
+            local_rank,
+            cfg.platform == "cuda",
+            writer=cfg.checkpoint.async_save and not cfg.parallelism.fsdp,
+        )
         self.platform = setup_platform(cfg.platform, local_rank)
         _init_distributed(cfg, env, self.rank, self.platform)
-        self._log_rank0("process groups ready (%.1fs)", time.monotonic() - started)
+        self.rendezvous_seconds = time.monotonic() - started
+        self._log_rank0("process groups ready (%.1fs)", self.rendezvous_seconds)
         t = cfg.training
         # Megatron-LM's seeding: each pipeline stage gets its own seed, so on GPU (where weights
         # are drawn from the device RNG) stages do not start from identical layer weights.
@@ -221,6 +242,7 @@ class Trainer:
 
         self.iteration = 0
         consumed = 0
+        loading = time.monotonic()
         loads_weights = resume is not None or cfg.checkpoint.init is not None
         broadcast_fresh_weights(self.model, loads_weights, cfg.parallelism.fsdp)
         if resume is None and cfg.checkpoint.init is not None and not weights_first:
@@ -240,6 +262,7 @@ class Trainer:
                 self.iteration + 1,
                 consumed,
             )
+        self.load_seconds = time.monotonic() - loading
         dataset = build_dataset(cfg, t.train_iters * gbs)
         self.data = MicroBatches(
             dataset,
@@ -482,6 +505,7 @@ class Trainer:
             self._log_rank0("SIGTERM before the first step: exiting without a new checkpoint")
             return self._finish(ExitCode.SIGTERM)
         first_step = True
+        self.start_step, self.loop_began = self.iteration, time.time()
         while self.iteration < t.train_iters:
             self.iteration += 1
             self.profiler.before_step(self.iteration)
@@ -497,7 +521,14 @@ class Trainer:
                 # The operator learns at once that this attempt trains (an in-place restart
                 # that reports no step in time is escalated), whatever the log interval.
                 self.reporter.report(
-                    Report(self.iteration, step.loss, tokens_per_s, mfu, self.checkpointer.newest),
+                    Report(
+                        self.iteration,
+                        step.loss,
+                        tokens_per_s,
+                        mfu,
+                        self.checkpointer.newest,
+                        self._clock(),
+                    ),
                     force=True,
                 )
             first_step = False
@@ -505,6 +536,7 @@ class Trainer:
             stopping = self._agree_to_stop()
             at_interval = self.iteration % cfg.checkpoint.save_interval == 0
             last = self.iteration == t.train_iters
+            saving = time.monotonic()
             if stopping or at_interval or last:
                 self.checkpointer.save(
                     self.iteration,
@@ -517,11 +549,19 @@ class Trainer:
                 )
             else:
                 self.checkpointer.finalize(blocking=False)
+            self.save_seconds += time.monotonic() - saving
             if self.checkpointer.newest != last_ckpt_reported:
                 last_ckpt_reported = self.checkpointer.newest
                 self.scalars.flush()
                 self.reporter.report(
-                    Report(self.iteration, step.loss, tokens_per_s, mfu, last_ckpt_reported),
+                    Report(
+                        self.iteration,
+                        step.loss,
+                        tokens_per_s,
+                        mfu,
+                        last_ckpt_reported,
+                        self._clock(),
+                    ),
                     force=True,
                 )
             if stopping:
@@ -553,7 +593,7 @@ class Trainer:
             f" | MFU {mfu:.1%}" if mfu is not None else "",
         )
         self.reporter.report(
-            Report(self.iteration, loss, tokens_per_s, mfu, self.checkpointer.newest)
+            Report(self.iteration, loss, tokens_per_s, mfu, self.checkpointer.newest, self._clock())
         )
         self.scalars.add(
             self.iteration,
@@ -566,6 +606,18 @@ class Trainer:
                 "mfu": mfu,
                 "step_seconds": step.seconds,
             },
+        )
+
+    def _clock(self) -> Clock:
+        """This process's timeline so far, for rank 0's record (contract §4)."""
+        return Clock(
+            now=time.time(),
+            began=self.began,
+            loop=self.loop_began,
+            start=self.start_step,
+            rendezvous=self.rendezvous_seconds,
+            load=self.load_seconds,
+            save=self.save_seconds,
         )
 
     def _finish(self, code: int) -> int:

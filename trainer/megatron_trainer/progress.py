@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from megatron_contract.timeline import KEY as CLOCK_KEY
+from megatron_contract.timeline import Clock
+
 log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -34,6 +37,7 @@ class Report:
     tokens_per_second: float | None
     mfu: float | None
     checkpoint_iteration: int | None
+    clock: Clock | None = None  # where this process's time went (the goodput ledger's facts)
 
     def to_json(self, attempt: int, now: datetime | None = None) -> str:
         """The record; `attempt` (the restart attempt) lets the operator ignore late writes of
@@ -48,6 +52,8 @@ class Report:
             "checkpointIteration": self.checkpoint_iteration,
             "time": stamp,
         }
+        if self.clock is not None:
+            body[CLOCK_KEY] = self.clock.to_json()
         return json.dumps(body, separators=(",", ":"))
 
 

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 import warnings
 
@@ -27,8 +28,12 @@ from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
 from megatron_contract.procname import rank_comm
 
+from .forksafe import fork_unsafe
 from .numerics import NonFiniteLoss
 from .signals import StopFlag
+
+# When this rank's process began, for the goodput ledger: its start, or its fork by the zygote.
+BEGAN = [time.time()]
 
 
 def _quiet_warnings() -> None:
@@ -54,31 +59,6 @@ def _import_everything() -> None:
 
     import_megatron_core()
     from . import loop  # noqa: F401
-
-
-def fork_unsafe() -> str:
-    """Why forking ranks from this process would be unsafe, or "" when it is safe: a CUDA driver
-    initialised here is unusable in a forked child, and a fork copies only the calling thread
-    (a lock held by another thread stays held for ever in the child)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return "the imports initialised CUDA (torch)"
-    try:
-        with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
-            cuda_loaded = "libcuda.so" in maps.read()
-    except OSError:
-        cuda_loaded = False
-    if cuda_loaded:
-        import ctypes
-
-        count = ctypes.c_int(0)
-        # Without cuInit the driver answers CUDA_ERROR_NOT_INITIALIZED (3): loaded, never started.
-        if ctypes.CDLL("libcuda.so.1").cuDeviceGetCount(ctypes.byref(count)) != 3:
-            return "the imports initialised the CUDA driver"
-    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
-    if threads != 1:
-        return f"the imports started {threads - 1} thread(s)"
-    return ""
 
 
 def zygote(req_fd: int, rep_fd: int) -> int:
@@ -109,8 +89,8 @@ def _become_rank(request: dict[str, object], *fds: int) -> None:
     """In a forked rank: become the launcher's child, take the rank's environment, train."""
     import ctypes
     import signal
-    import time
 
+    BEGAN[0] = time.time()  # the attempt's rank starts now: the zygote's imports were not its time
     for fd in fds:
         os.close(fd)
     launcher = int(str(request["launcher"]))
@@ -132,13 +112,7 @@ def _become_rank(request: dict[str, object], *fds: int) -> None:
     os.dup2(null, 0)
     os.close(null)
     os.environ.clear()
-    os.environ.update(env)
-    threads = env.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        import torch
-
-        # libgomp read OMP_NUM_THREADS when the zygote loaded it, with the zygote's env.
-        torch.set_num_threads(int(threads))
+    os.environ.update(env)  # OMP_NUM_THREADS included: platform.setup_platform applies it
     _exit(main())
 
 
@@ -155,7 +129,7 @@ def main() -> int:
         _import_everything()
         from .loop import Trainer
 
-        return Trainer(config, env, local_rank, stop).run()
+        return Trainer(config, env, local_rank, stop, began=BEGAN[0]).run()
     except ConfigError as err:
         _abort_writers()
         print(f"megatron_trainer: {err}", file=sys.stderr, flush=True)

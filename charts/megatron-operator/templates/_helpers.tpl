@@ -11,6 +11,14 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 app.kubernetes.io/name: megatron-operator
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+{{- /* The operator's pods, as the Service, the PDB, the PodMonitor and the NetworkPolicy select
+them: with a megatron.dev/ label, which no job's pod can carry (the CRD refuses megatron.dev/
+labels in a template), so no pod of a job joins the metrics Service. (The Deployment's own
+selector is immutable and keeps the two labels above.) */ -}}
+{{- define "megatron-operator.podSelector" -}}
+{{ include "megatron-operator.selector" . }}
+megatron.dev/operator: {{ .Release.Name }}
+{{- end -}}
 {{- define "megatron-operator.scrapeAnnotations" -}}
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ .Values.metrics.port | quote }}
@@ -46,6 +54,9 @@ watchNamespaces empty). */}}
 {{- end -}}
 {{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.service) -}}
 {{- fail "metrics.serviceMonitor.enabled needs metrics.service=true (it selects the metrics Service); use metrics.podMonitor without a Service" -}}
+{{- end -}}
+{{- if has .Release.Namespace (.Values.watchNamespaces | default list) -}}
+{{- fail (printf "watchNamespaces lists %s, the operator's own namespace: it holds the operator's keys (the claim seal, the metrics TLS key) and takes no jobs; run jobs in another namespace" .Release.Namespace) -}}
 {{- end -}}
 {{- end -}}
 {{/* The operator's --job-defaults file (a MegatronJobDefaults spec, as JSON): trainerImage and

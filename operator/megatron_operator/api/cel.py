@@ -23,12 +23,33 @@ from .base import (
     QUALIFIED_NAME_PATTERN,
     QUALIFIED_PREFIX_PATTERN,
 )
+from .podtypes import (
+    ALLOWED_CAPABILITIES,
+    SAFE_SYSCTLS,
+    SELINUX_TYPES,
+    WHY,
+    AppArmorProfile,
+    Capabilities,
+    ContainerPort,
+    HttpGetAction,
+    PodAffinityTerm,
+    PodSecurityContext,
+    SeccompProfile,
+    SecurityContext,
+    SeLinuxOptions,
+    Sysctl,
+    TcpSocketAction,
+    WindowsOptions,
+)
+from .podtypes import CROSS_NAMESPACE_WHY as _CROSS_NAMESPACE_WHY
 from .spec import FABRIC_RESOURCES
 from .template import (
     GPU_RESOURCES,
     GPU_WHY,
     LAUNCHER_INIT_CONTAINER,
     LAUNCHER_WHY,
+    MOUNT_PATH_WHY,
+    NOT_NORMAL_PATH_PATTERN,
     OWNED_ANNOTATION_PREFIXES,
     OWNED_ENV_WHY,
     OWNED_LABEL_PREFIXES,
@@ -39,6 +60,7 @@ from .template import (
     TRAINER_ALLOWED,
     TRAINER_CONTAINER,
     Container,
+    VolumeMount,
     container_field_why,
 )
 from .transitions import NEVER, SET_AT_CREATION, WHILE_SUSPENDED
@@ -720,6 +742,13 @@ TEMPLATE_RULES: Final[dict[str, list[dict[str, str]]]] = {
             ".volumeMounts",
             "FieldValueForbidden",
         ),
+        rule(
+            f"{_TRAINER} || !has(self.volumeMounts) || "
+            f"!self.volumeMounts.exists(m, m.mountPath.matches({_lit(NOT_NORMAL_PATH_PATTERN)}))",
+            f"the trainer container: {MOUNT_PATH_WHY}",
+            ".volumeMounts",
+            "FieldValueInvalid",
+        ),
         *[
             rule(
                 f"{_TRAINER} || !has(self.resources) || !has(self.resources.{kind}) || "
@@ -737,6 +766,76 @@ TEMPLATE_RULES: Final[dict[str, list[dict[str, str]]]] = {
     "spec.template.spec.initContainers[].env[].valueFrom": _ENV_SOURCE_RULES,
     "spec.template.spec.nodeSelector": NODE_RULES["spec.resources.nodeSelector"],
     "spec.template.spec.tolerations[].key": NODE_RULES["spec.topology.key"],
+}
+
+
+def _forbid(expr: str, why: str, field: str) -> dict[str, str]:
+    return rule(expr, WHY[why], field, "FieldValueForbidden")
+
+
+def _off(name: str) -> str:
+    return f"!has(self.{name}) || !self.{name}"
+
+
+# Rules of a Kubernetes type wherever it appears under spec (crd.py finds each place from the
+# models): the restricted Pod Security level for every container and the pod, no host in a
+# probe or hook, no pod affinity term over other namespaces. The models refuse the same, in the
+# same words (api/podtypes.py).
+TYPE_RULES: Final[dict[type, list[dict[str, str]]]] = {
+    SecurityContext: [
+        _forbid(_off("privileged"), "privileged", ".privileged"),
+        _forbid(
+            _off("allowPrivilegeEscalation"),
+            "allowPrivilegeEscalation",
+            ".allowPrivilegeEscalation",
+        ),
+        _forbid("!has(self.runAsUser) || self.runAsUser != 0", "runAsUser", ".runAsUser"),
+        _forbid("!has(self.runAsNonRoot) || self.runAsNonRoot", "runAsNonRoot", ".runAsNonRoot"),
+        _forbid("!has(self.procMount) || self.procMount != 'Unmasked'", "procMount", ".procMount"),
+    ],
+    PodSecurityContext: [
+        _forbid("!has(self.runAsUser) || self.runAsUser != 0", "runAsUser", ".runAsUser"),
+        _forbid("!has(self.runAsNonRoot) || self.runAsNonRoot", "runAsNonRoot", ".runAsNonRoot"),
+    ],
+    Capabilities: [
+        _forbid(
+            f"!has(self.add) || self.add.all(c, c in {_list(ALLOWED_CAPABILITIES)})",
+            "capabilities",
+            ".add",
+        )
+    ],
+    SeccompProfile: [_forbid("self.type != 'Unconfined'", "seccompProfile", ".type")],
+    AppArmorProfile: [_forbid("self.type != 'Unconfined'", "appArmorProfile", ".type")],
+    SeLinuxOptions: [
+        _forbid(
+            "(!has(self.user) || self.user == '') && (!has(self.role) || self.role == '') && "
+            f"(!has(self.type) || self.type in {_list(SELINUX_TYPES)})",
+            "seLinuxOptions",
+            "",
+        )
+    ],
+    WindowsOptions: [_forbid(_off("hostProcess"), "hostProcess", ".hostProcess")],
+    Sysctl: [_forbid(f"self.name in {_list(SAFE_SYSCTLS)}", "sysctls", ".name")],
+    ContainerPort: [
+        _forbid(
+            "(!has(self.hostPort) || self.hostPort == 0) && (!has(self.hostIP) || self.hostIP == '')",
+            "hostPort",
+            ".hostPort",
+        )
+    ],
+    VolumeMount: [
+        _forbid(
+            "!has(self.mountPropagation) || self.mountPropagation != 'Bidirectional'",
+            "mountPropagation",
+            ".mountPropagation",
+        )
+    ],
+    HttpGetAction: [_forbid("!has(self.host) || self.host == ''", "host", ".host")],
+    TcpSocketAction: [_forbid("!has(self.host) || self.host == ''", "host", ".host")],
+    PodAffinityTerm: [
+        rule(f"!has(self.{f})", _CROSS_NAMESPACE_WHY, f".{f}", "FieldValueForbidden")
+        for f in ("namespaces", "namespaceSelector")
+    ],
 }
 
 # Which fields may change on an existing job: the lists live in transitions.py (the Python

@@ -9,12 +9,15 @@ references inlined, nullable unions collapsed, descriptions kept, CEL rules atta
 from __future__ import annotations
 
 import copy
+import types
+import typing
+from collections.abc import Iterator
 from typing import Any
 
 from pydantic import BaseModel
 
 from . import defaults
-from .cel import NODE_RULES, SPEC_RULES, TEMPLATE_RULES, TRANSITION_RULES
+from .cel import NODE_RULES, SPEC_RULES, TEMPLATE_RULES, TRANSITION_RULES, TYPE_RULES
 from .job import (
     GROUP,
     KIND,
@@ -153,12 +156,39 @@ def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
     )
 
 
+def _models_in(annotation: Any) -> Iterator[tuple[type[BaseModel], bool]]:
+    """The models an annotation holds, each with whether it is a list's item."""
+    origin = typing.get_origin(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation, False
+    elif origin is list:
+        for model, _ in _models_in(typing.get_args(annotation)[0]):
+            yield model, True
+    elif origin in (typing.Union, types.UnionType, typing.Annotated):
+        args = typing.get_args(annotation)
+        for arg in args[:1] if origin is typing.Annotated else args:
+            yield from _models_in(arg)
+
+
+def model_paths(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, type[BaseModel]]]:
+    """(schema path, model) for every model nested in `model`, in _attach's path form."""
+    for name, info in model.model_fields.items():
+        key = info.alias or name
+        for inner, is_item in _models_in(info.annotation):
+            path = f"{prefix}.{key}" + ("[]" if is_item else "")
+            yield path, inner
+            yield from model_paths(inner, path)
+
+
 def spec_schema() -> dict[str, Any]:
     spec = _model_schema(MegatronJobSpec)
     spec["x-kubernetes-validations"] = [*SPEC_RULES, *TRANSITION_RULES]
     root = {"properties": {"spec": spec}}
     for path, rules in {**NODE_RULES, **TEMPLATE_RULES}.items():
         _attach(root, path, rules)
+    for path, model in model_paths(MegatronJobSpec, "spec"):
+        if model in TYPE_RULES:
+            _attach(root, path, TYPE_RULES[model])
     return spec
 
 
@@ -194,6 +224,8 @@ PRINTER_COLUMNS = [
     {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
     {"name": "Progress", "type": "string", "jsonPath": ".status.progressSummary"},
+    {"name": "Goodput", "type": "string", "jsonPath": ".status.ledger.summary"},
+    {"name": "ETA", "type": "string", "jsonPath": ".status.forecast.summary"},
     {"name": "Queue", "type": "string", "jsonPath": ".status.localQueue"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

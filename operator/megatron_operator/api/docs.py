@@ -7,9 +7,10 @@ from typing import Any, get_args
 
 from megatron_contract.recipes import RECIPES
 
+from . import podtypes, volumes
 from .cel import SPEC_RULES, TRANSITION_RULES
-from .crd import PRINTER_COLUMNS, crd, defaults_crd
-from .spec import FailureReason
+from .crd import PRINTER_COLUMNS, crd, defaults_crd, model_paths
+from .spec import FailureReason, MegatronJobSpec
 from .status import ConditionType, Phase, Reason, Rung
 
 _INTRO = """\
@@ -86,9 +87,21 @@ the CRD and by `mjob validate`, each with why: `restartPolicy`, `hostname`, `sub
 `priorityClassName`; the volumes `config`, `checkpoints`, `dshm`, `megatron-data`,
 `megatron-init`, `megatron-msc-config` and `megatron-scratch` and their mount paths; the contract env (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
 every `MEGATRON_` name, …); the `megatron.dev/` and `kueue.x-k8s.io/` labels; and the trainer
-container's image, command, arguments and other fields. Nested Kubernetes objects (a volume's
-source, a probe, an affinity term) are kept as given and checked by the apiserver when the pod is
-created; a refusal shows on the job as `CreateFailure` with the apiserver's message.
+container's image, command, arguments and other fields.
+
+Nested Kubernetes objects (a volume's source, a probe, an affinity term, a security context) have
+the fields of Kubernetes 1.34 (its API reference documents them; they are not listed above), each
+list, map and string with a cap, and the whole template at most 4,096 values and 64 KiB of JSON:
+every pod of the job carries it. Every container of the pods is held to the restricted Pod
+Security level, whatever the namespace's level: no `privileged`, no `allowPrivilegeEscalation`,
+no `runAsUser: 0` or `runAsNonRoot: false` (the pod's or a container's), capabilities added only
+`NET_BIND_SERVICE` and `IPC_LOCK` (the operator drops `ALL` and forbids escalation on every init
+container and sidecar that does not say so itself), no `procMount: Unmasked`, no `Unconfined`
+seccomp or AppArmor profile, SELinux only a container type and level, only the namespaced safe
+sysctls, no `hostPort` or `hostIP`, no `mountPropagation: Bidirectional`, no `host` in a probe or
+hook. A pod affinity or anti-affinity term may not name `namespaces` or a `namespaceSelector`: it
+applies to the job's own namespace. The apiserver checks the rest when the pod is created; a
+refusal shows on the job as `CreateFailure` with the apiserver's message.
 """
 
 
@@ -152,7 +165,19 @@ def _type(node: dict[str, Any]) -> str:
     return str(kind)
 
 
-def _rows(node: dict[str, Any], prefix: str, out: list[str]) -> None:
+def _kubernetes_paths() -> set[str]:
+    """Where a Kubernetes object (api/podtypes.py, api/volumes.py) sits: documented upstream, so
+    its fields are not listed here."""
+    return {
+        path
+        for path, model in model_paths(MegatronJobSpec, "spec")
+        if model.__module__ in (podtypes.__name__, volumes.__name__)
+    }
+
+
+def _rows(
+    node: dict[str, Any], prefix: str, out: list[str], stop: frozenset[str] = frozenset()
+) -> None:
     required = set(node.get("required", []))
     for name, prop in node.get("properties", {}).items():
         path = f"{prefix}.{name}"
@@ -162,8 +187,9 @@ def _rows(node: dict[str, Any], prefix: str, out: list[str]) -> None:
         desc = prop.get("description", "").replace("|", "\\|")
         out.append(f"| `{path}` | {_type(prop)} | {req} | {shown} | {desc} |")
         target = prop.get("items", prop) if prop.get("type") == "array" else prop
-        if "properties" in target:
-            _rows(target, path + ("[]" if target is not prop else ""), out)
+        inner = path + ("[]" if target is not prop else "")
+        if "properties" in target and inner not in stop:
+            _rows(target, inner, out, stop)
 
 
 def render() -> str:
@@ -172,7 +198,7 @@ def render() -> str:
     lines = [_INTRO.format(columns=columns), "## Spec", ""]
     lines += ["| field | type | required | default | description |"]
     lines.append("|---|---|---|---|---|")
-    _rows(schema["properties"]["spec"], "spec", lines)
+    _rows(schema["properties"]["spec"], "spec", lines, frozenset(_kubernetes_paths()))
     lines += ["", "## Status", "", "| field | type | required | default | description |"]
     lines.append("|---|---|---|---|---|")
     _rows(schema["properties"]["status"], "status", lines)

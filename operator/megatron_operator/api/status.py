@@ -31,6 +31,35 @@ class Rung(StrEnum):
     RECREATE = "Recreate"  # every pod recreated
 
 
+class Cause(StrEnum):
+    """Where a second of a job's wall time went (status.ledger.seconds; the metric
+    megatronjob_goodput_seconds_total{cause}). docs/metrics.md defines each one exactly."""
+
+    QUEUED = "queued"  # waiting for Kueue's admission, or for the operator's first look
+    SCHEDULING = "scheduling"  # the attempt's pods created and waiting for nodes
+    START_UP = "startUp"  # image pull, container start, imports, model build
+    RENDEZVOUS = "rendezvous"  # the ranks forming their process groups
+    CHECKPOINT_LOAD = "checkpointLoad"  # loading the checkpoint (or the initial weights)
+    CHECKPOINT_SAVE = "checkpointSave"  # the training loop blocked by a checkpoint save
+    RECOMPUTED = "recomputed"  # steps trained again after a restart, and work lost in flight
+    RESTART_IN_PLACE = "restartInPlace"  # from a failure to its restart's release, per rung
+    RESTART_REPLACE_POD = "restartReplacePod"
+    RESTART_RECREATE = "restartRecreate"
+    HANG_DETECTION = "hangDetection"  # from the last sign of life to the Hang restart
+    SUSPENDED = "suspended"  # spec.suspend, or evicted back into the queue
+    PRODUCTIVE = "productive"  # training steps reached for the first time
+    FINISHING = "finishing"  # from the last record to the job's end (final save, exit)
+    NOT_REPORTED = "notReported"  # inside the trainer's process, not broken down by the code
+    UNATTRIBUTED = "unattributed"  # no fact yet says where it went
+
+
+RESTART_CAUSES: dict[Rung, Cause] = {
+    Rung.IN_PLACE: Cause.RESTART_IN_PLACE,
+    Rung.REPLACE_POD: Cause.RESTART_REPLACE_POD,
+    Rung.RECREATE: Cause.RESTART_RECREATE,
+}
+
+
 class ConditionType(StrEnum):
     """The conditions the operator keeps in status.conditions."""
 
@@ -136,6 +165,99 @@ class Progress(ApiModel):
     time: str = Field(description="When rank 0 reported it (RFC 3339).")
 
 
+_SECONDS = Field(None, ge=0, description="Seconds.")
+
+
+class LedgerSeconds(ApiModel):
+    """The job's wall time by cause, in seconds (docs/metrics.md defines each cause)."""
+
+    queued: float | None = _SECONDS
+    scheduling: float | None = _SECONDS
+    start_up: float | None = _SECONDS
+    rendezvous: float | None = _SECONDS
+    checkpoint_load: float | None = _SECONDS
+    checkpoint_save: float | None = _SECONDS
+    recomputed: float | None = _SECONDS
+    restart_in_place: float | None = _SECONDS
+    restart_replace_pod: float | None = _SECONDS
+    restart_recreate: float | None = _SECONDS
+    hang_detection: float | None = _SECONDS
+    suspended: float | None = _SECONDS
+    productive: float | None = _SECONDS
+    finishing: float | None = _SECONDS
+    not_reported: float | None = _SECONDS
+    unattributed: float | None = _SECONDS
+
+
+class RungCost(ApiModel):
+    """What the restarts of one rung cost: from each failure to its next attempt's first step."""
+
+    rung: Rung = Field(description="InPlace, ReplacePod or Recreate.")
+    count: int = Field(ge=0, description="Restarts of this rung.")
+    seconds: float = Field(
+        ge=0, description="Their recovery seconds in all (the attempt running when counted)."
+    )
+
+
+class LedgerFold(ApiModel):
+    """Where the operator's fold over the job's facts stands, so that the next operator (or the
+    next reconcile) continues it. Offsets are seconds since status.ledger.since."""
+
+    mode: str = Field(description="What the job is doing as the ledger last saw it.")
+    attempt: int = Field(ge=0, description="The attempt the ledger follows.")
+    rung: Rung | None = Field(None, description="The rung of the restart in progress.")
+    closed: float = Field(ge=0, description="Seconds attributed to causes so far.")
+    last_iteration: int = Field(ge=0, description="The step the open training interval began.")
+    save_seen: float = Field(ge=0, description="Save seconds of the attempt already counted.")
+    high: int = Field(ge=0, description="The highest step ever completed.")
+    failed_at: float | None = Field(
+        None, ge=0, description="The failure whose recovery is being measured."
+    )
+    trained_steps: int = Field(ge=0, description="Steps whose time the ledger measured.")
+    step_seconds: float | None = Field(None, ge=0, description="Recent seconds per step.")
+    record_seconds: float | None = Field(
+        None, ge=0, description="Recent seconds between the trainer's records it folded."
+    )
+
+
+class Ledger(ApiModel):
+    """The goodput ledger: the job's wall time split by cause, from first-hand facts only (the
+    operator's decisions, the launchers' report, the trainer's records). docs/metrics.md."""
+
+    since: str = Field(description="The start of the job's wall time (its creation).")
+    as_of: str = Field(description="The end of the wall time counted (RFC 3339).")
+    wall_seconds: float = Field(ge=0, description="Seconds from since to asOf.")
+    seconds: LedgerSeconds = Field(description="The wall seconds by cause; they sum to it.")
+    goodput: float | None = Field(
+        None, ge=0, le=1, description="Productive seconds over wall seconds (0-1)."
+    )
+    summary: str = Field(description="For printing, e.g. '91.2%'.")
+    restarts: list[RungCost] | None = Field(
+        None, max_length=3, description="The measured cost of each rung's restarts."
+    )
+    fold: LedgerFold = Field(description="The fold's position (for the operator).")
+
+
+class Forecast(ApiModel):
+    """When the job should end, counting its failures (docs/metrics.md, "Forecast")."""
+
+    remaining_seconds: float = Field(ge=0, description="Expected seconds to the last step.")
+    p90_seconds: float = Field(ge=0, description="Done within this many seconds, 9 times in 10.")
+    eta: str = Field(description="The expected end (RFC 3339).")
+    eta_p90: str = Field(description="The 90th-percentile end (RFC 3339).")
+    blind_seconds: float = Field(
+        ge=0, description="Remaining steps times the step time: the estimate without failures."
+    )
+    step_seconds: float = Field(ge=0, description="The step time used.")
+    failures_per_hour: float = Field(
+        ge=0, description="The failure rate used: the job's own, with a prior while it is young."
+    )
+    seconds_per_failure: float = Field(
+        ge=0, description="What a failure costs: recovery by rung, plus the work lost."
+    )
+    summary: str = Field(description="For printing, e.g. '2h10m (p90 2h40m)'.")
+
+
 class PlannedParallelism(ApiModel):
     """The planned layout (status.parallelism)."""
 
@@ -179,6 +301,12 @@ class MegatronJobStatus(ApiModel):
     progress: Progress | None = Field(None, description="Latest training progress.")
     progress_summary: str | None = Field(
         None, description="Short progress for printing, e.g. '1200/5000 loss 2.31'."
+    )
+    ledger: Ledger | None = Field(
+        None, description="Where the job's wall time went, by cause, and its goodput."
+    )
+    forecast: Forecast | None = Field(
+        None, description="The remaining time and its 90th percentile, counting failures."
     )
     layout: str | None = Field(None, description="Parallel layout, e.g. TP8·PP2·DP4.")
     parallelism: PlannedParallelism | None = Field(

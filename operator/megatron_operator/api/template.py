@@ -12,19 +12,23 @@ the same words (api/cel.py, parity-tested in tests/unit/test_template.py):
 - the pod fields that make the gang work (restartPolicy, hostname, subdomain, the service
   account, …), the `megatron.dev/` labels, and the trainer's image, command and arguments.
 
-Nested Kubernetes objects that the operator never reads (a volume's source, a probe, an affinity
-term) are kept whole (`x-kubernetes-preserve-unknown-fields`): the apiserver validates them when
-the pod is created, and a refusal shows on the job as the CreateFailure condition.
+Nested Kubernetes objects (a volume's source, a probe, an affinity term) are declared field by
+field with a cap on every list, map and string (api/podtypes.py, api/volumes.py), so one job cannot
+store megabytes in them; the apiserver validates the rest when the pod is created, and a refusal
+shows on the job as the CreateFailure condition. Every container of the job's pods is held to the
+restricted Pod Security level (plus IPC_LOCK for RDMA) whatever the namespace's level, and a pod
+affinity term may not reach other namespaces (podtypes.WHY says why for each).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     Field,
     ValidationInfo,
-    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -45,6 +49,52 @@ from .base import (
     Quantity,
     Toleration,
 )
+from .podtypes import (
+    WHY,
+    Affinity,
+    ContainerPort,
+    DnsConfig,
+    EnvFromSource,
+    Lifecycle,
+    PodSecurityContext,
+    Probe,
+    ResizePolicy,
+    ResourceClaimRef,
+    SecurityContext,
+    VolumeDevice,
+)
+from .volumes import (
+    AwsEbsSource,
+    AzureDiskSource,
+    AzureFileSource,
+    CephFsSource,
+    CinderSource,
+    ConfigMapSource,
+    CsiSource,
+    DownwardApiSource,
+    EmptyDirSource,
+    EphemeralSource,
+    FcSource,
+    FlexVolumeSource,
+    FlockerSource,
+    GcePdSource,
+    GitRepoSource,
+    GlusterfsSource,
+    HostPathSource,
+    ImageSource,
+    IscsiSource,
+    NfsSource,
+    PersistentVolumeClaimSource,
+    PhotonPdSource,
+    PortworxSource,
+    ProjectedSource,
+    QuobyteSource,
+    RbdSource,
+    ScaleIoSource,
+    SecretSource,
+    StorageOsSource,
+    VsphereSource,
+)
 
 MAX_LIST: Final = 64  # volumes, mounts, secrets, tolerations
 # Containers (init and sidecars) and mount paths are bounded tighter: the CRD's rules look at
@@ -53,6 +103,7 @@ MAX_CONTAINERS: Final = 16
 MAX_MOUNT_PATH: Final = 1024
 MAX_ENV: Final = 256
 MAX_STRING: Final = 4096
+MAX_CONTAINER_PORTS: Final = 16
 
 TRAINER_CONTAINER: Final = paths.CONTAINER_NAME
 OWNED_LABEL_PREFIXES: Final = (f"{GROUP}/", "kueue.x-k8s.io/")
@@ -70,6 +121,8 @@ OWNED_VOLUMES: Final[dict[str, str]] = {
     f"{paths.MSC_CONFIG_MOUNT}",
     paths.VOLUME_SCRATCH: f"the scratch directory of checkpoint.url, at {paths.SCRATCH_MOUNT}",
     paths.VOLUME_LAUNCHER: f"a trainer.command's launcher, at {paths.LAUNCHER_MOUNT}",
+    paths.VOLUME_COORDINATOR: "the launchers' coordinator key, mounted at "
+    f"{paths.COORDINATOR_KEY_MOUNT}",
 }
 LAUNCHER_INIT_CONTAINER: Final = paths.INIT_CONTAINER_LAUNCHER
 LAUNCHER_WHY: Final = (
@@ -85,6 +138,7 @@ OWNED_MOUNT_PATHS: Final = (
     paths.MSC_CONFIG_MOUNT,
     paths.SCRATCH_MOUNT,
     paths.LAUNCHER_MOUNT,
+    paths.COORDINATOR_KEY_MOUNT,
 )
 # Pod fields the gang depends on (camelCase): why each is the operator's.
 OWNED_POD_FIELDS: Final[dict[str, str]] = {
@@ -136,8 +190,20 @@ def env_name_owned(name: str) -> bool:
 
 
 def mount_path_owned(path: str) -> bool:
-    """At or under one of the operator's mounts (the CRD's rule is the same expression)."""
+    """At or under one of the operator's mounts (the CRD's rule is the same expression; a path
+    that is not in normal form is refused on its own, MOUNT_PATH_WHY, so `//etc/megatron` and
+    `/etc/./megatron` cannot pass as another path)."""
     return any((path + "/").startswith(p + "/") for p in OWNED_MOUNT_PATHS)
+
+
+# A path with an empty, '.' or '..' segment (the CRD states the same pattern).
+NOT_NORMAL_PATH_PATTERN: Final = r"//|(^|/)[.][.]?(/|$)"
+# As RE2 reads the pattern: `$` only at the very end (Python's would match before a last '\n').
+_NOT_NORMAL_PATH = re.compile(NOT_NORMAL_PATH_PATTERN.replace("$", r"\Z"))
+MOUNT_PATH_WHY: Final = (
+    "a mount path of the trainer container must be in normal form (no '//', '.' or '..' "
+    "segment): the operator compares it with its own mount paths"
+)
 
 
 def by_name(key: str = "name") -> dict[str, Any]:
@@ -145,9 +211,6 @@ def by_name(key: str = "name") -> dict[str, Any]:
     return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": [key]}
 
 
-# A Kubernetes object the operator passes through as it is (the apiserver checks it).
-_KEPT = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-Kept = Annotated[dict[str, Any], WithJsonSchema(_KEPT)]
 Name = Annotated[
     str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ]
@@ -241,8 +304,15 @@ class VolumeMount(ApiModel):
     sub_path: Text | None = Field(None, description="A path inside the volume.")
     sub_path_expr: Text | None = Field(None, description="subPath with $(VAR) from the env.")
     mount_propagation: Literal["None", "HostToContainer", "Bidirectional"] | None = Field(
-        None, description="Mount propagation."
+        None, description="Mount propagation (Bidirectional is refused)."
     )
+
+    @field_validator("mount_propagation")
+    @classmethod
+    def _not_bidirectional(cls, value: str | None) -> str | None:
+        if value == "Bidirectional":
+            raise ValueError(WHY["mountPropagation"])
+        return value
 
 
 class ContainerResources(ApiModel):
@@ -254,15 +324,14 @@ class ContainerResources(ApiModel):
     limits: dict[Annotated[str, Field(max_length=253)], Quantity] | None = Field(
         None, max_length=MAX_LIST, description="Limits."
     )
-    claims: list[Kept] | None = Field(
+    claims: list[ResourceClaimRef] | None = Field(
         None, max_length=MAX_LIST, description="Dynamic resource claims the container uses."
     )
 
 
 class Container(ApiModel):
     """A container: an init container, a sidecar, or the trainer (name `trainer`), whose
-    entries here are merged into the operator's trainer container. Nested objects (ports,
-    probes, lifecycle, …) are kept as given and checked by the apiserver with the pod."""
+    entries here are merged into the operator's trainer container."""
 
     name: Name = Field(description="Container name; `trainer` patches the operator's container.")
     image: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(
@@ -280,7 +349,7 @@ class Container(ApiModel):
         description="Env vars (merged by name).",
         json_schema_extra=by_name(),
     )
-    env_from: list[Kept] | None = Field(
+    env_from: list[EnvFromSource] | None = Field(
         None, max_length=MAX_LIST, description="Env from whole Secrets or ConfigMaps."
     )
     volume_mounts: list[VolumeMount] | None = Field(
@@ -289,23 +358,27 @@ class Container(ApiModel):
         description="Volume mounts.",
         json_schema_extra=by_name("mountPath"),
     )
-    volume_devices: list[Kept] | None = Field(
+    volume_devices: list[VolumeDevice] | None = Field(
         None, max_length=MAX_LIST, description="Raw block devices."
     )
     resources: ContainerResources | None = Field(None, description="Resource entries.")
-    resize_policy: list[Kept] | None = Field(
+    resize_policy: list[ResizePolicy] | None = Field(
         None, max_length=8, description="In-place resize policy."
     )
     restart_policy: Literal["Always"] | None = Field(
         None,
         description="Always, on an init container: a native sidecar (runs beside the trainer).",
     )
-    ports: list[Kept] | None = Field(None, max_length=MAX_LIST, description="Ports.")
-    liveness_probe: Kept | None = Field(None, description="Liveness probe.")
-    readiness_probe: Kept | None = Field(None, description="Readiness probe.")
-    startup_probe: Kept | None = Field(None, description="Startup probe.")
-    lifecycle: Kept | None = Field(None, description="postStart and preStop hooks.")
-    security_context: Kept | None = Field(None, description="The container's security context.")
+    ports: list[ContainerPort] | None = Field(
+        None, max_length=MAX_CONTAINER_PORTS, description="Ports (no hostPort)."
+    )
+    liveness_probe: Probe | None = Field(None, description="Liveness probe.")
+    readiness_probe: Probe | None = Field(None, description="Readiness probe.")
+    startup_probe: Probe | None = Field(None, description="Startup probe.")
+    lifecycle: Lifecycle | None = Field(None, description="postStart and preStop hooks.")
+    security_context: SecurityContext | None = Field(
+        None, description="The container's security context, held to restricted."
+    )
     termination_message_path: Text | None = Field(None, description="Termination message file.")
     termination_message_policy: Literal["File", "FallbackToLogsOnError"] | None = Field(
         None, description="Termination message policy."
@@ -334,6 +407,8 @@ class Container(ApiModel):
         _unique([m.mount_path for m in value or []], "mountPath")
         if info.data.get("name") == TRAINER_CONTAINER:
             for m in value or []:
+                if _NOT_NORMAL_PATH.search(m.mount_path):
+                    raise ValueError(f"{m.mount_path}: {MOUNT_PATH_WHY}")
                 if mount_path_owned(m.mount_path) or m.name in OWNED_VOLUMES:
                     raise ValueError(f"{m.name} at {m.mount_path}: {OWNED_MOUNT_WHY}")
         return value
@@ -411,44 +486,46 @@ class Volume(ApiModel):
     """A pod volume: its name and one source (a claim, a Secret, NFS, a CSI driver, …)."""
 
     name: Name = Field(description="Volume name, used by volumeMounts.")
-    aws_elastic_block_store: Kept | None = Field(
+    aws_elastic_block_store: AwsEbsSource | None = Field(
         None, description="The awsElasticBlockStore source."
     )
-    azure_disk: Kept | None = Field(None, description="The azureDisk source.")
-    azure_file: Kept | None = Field(None, description="The azureFile source.")
-    cephfs: Kept | None = Field(None, description="The cephfs source.")
-    cinder: Kept | None = Field(None, description="The cinder source.")
-    config_map: Kept | None = Field(None, description="The configMap source.")
-    csi: Kept | None = Field(None, description="The csi source.")
-    downward_api: Kept | None = Field(
+    azure_disk: AzureDiskSource | None = Field(None, description="The azureDisk source.")
+    azure_file: AzureFileSource | None = Field(None, description="The azureFile source.")
+    cephfs: CephFsSource | None = Field(None, description="The cephfs source.")
+    cinder: CinderSource | None = Field(None, description="The cinder source.")
+    config_map: ConfigMapSource | None = Field(None, description="The configMap source.")
+    csi: CsiSource | None = Field(None, description="The csi source.")
+    downward_api: DownwardApiSource | None = Field(
         None, alias="downwardAPI", description="The downwardAPI source."
     )
-    empty_dir: Kept | None = Field(None, description="The emptyDir source.")
-    ephemeral: Kept | None = Field(None, description="The ephemeral source.")
-    fc: Kept | None = Field(None, description="The fc source.")
-    flex_volume: Kept | None = Field(None, description="The flexVolume source.")
-    flocker: Kept | None = Field(None, description="The flocker source.")
-    gce_persistent_disk: Kept | None = Field(None, description="The gcePersistentDisk source.")
-    git_repo: Kept | None = Field(None, description="The gitRepo source.")
-    glusterfs: Kept | None = Field(None, description="The glusterfs source.")
-    host_path: Kept | None = Field(None, description="The hostPath source.")
-    image: Kept | None = Field(None, description="The image source.")
-    iscsi: Kept | None = Field(None, description="The iscsi source.")
-    nfs: Kept | None = Field(None, description="The nfs source.")
-    persistent_volume_claim: Kept | None = Field(
+    empty_dir: EmptyDirSource | None = Field(None, description="The emptyDir source.")
+    ephemeral: EphemeralSource | None = Field(None, description="The ephemeral source.")
+    fc: FcSource | None = Field(None, description="The fc source.")
+    flex_volume: FlexVolumeSource | None = Field(None, description="The flexVolume source.")
+    flocker: FlockerSource | None = Field(None, description="The flocker source.")
+    gce_persistent_disk: GcePdSource | None = Field(
+        None, description="The gcePersistentDisk source."
+    )
+    git_repo: GitRepoSource | None = Field(None, description="The gitRepo source.")
+    glusterfs: GlusterfsSource | None = Field(None, description="The glusterfs source.")
+    host_path: HostPathSource | None = Field(None, description="The hostPath source.")
+    image: ImageSource | None = Field(None, description="The image source.")
+    iscsi: IscsiSource | None = Field(None, description="The iscsi source.")
+    nfs: NfsSource | None = Field(None, description="The nfs source.")
+    persistent_volume_claim: PersistentVolumeClaimSource | None = Field(
         None, description="The persistentVolumeClaim source."
     )
-    photon_persistent_disk: Kept | None = Field(
+    photon_persistent_disk: PhotonPdSource | None = Field(
         None, description="The photonPersistentDisk source."
     )
-    portworx_volume: Kept | None = Field(None, description="The portworxVolume source.")
-    projected: Kept | None = Field(None, description="The projected source.")
-    quobyte: Kept | None = Field(None, description="The quobyte source.")
-    rbd: Kept | None = Field(None, description="The rbd source.")
-    scale_io: Kept | None = Field(None, alias="scaleIO", description="The scaleIO source.")
-    secret: Kept | None = Field(None, description="The secret source.")
-    storageos: Kept | None = Field(None, description="The storageos source.")
-    vsphere_volume: Kept | None = Field(None, description="The vsphereVolume source.")
+    portworx_volume: PortworxSource | None = Field(None, description="The portworxVolume source.")
+    projected: ProjectedSource | None = Field(None, description="The projected source.")
+    quobyte: QuobyteSource | None = Field(None, description="The quobyte source.")
+    rbd: RbdSource | None = Field(None, description="The rbd source.")
+    scale_io: ScaleIoSource | None = Field(None, alias="scaleIO", description="The scaleIO source.")
+    secret: SecretSource | None = Field(None, description="The secret source.")
+    storageos: StorageOsSource | None = Field(None, description="The storageos source.")
+    vsphere_volume: VsphereSource | None = Field(None, description="The vsphereVolume source.")
 
     @field_validator("name")
     @classmethod
@@ -533,7 +610,7 @@ class TemplatePodSpec(ApiModel):
         max_length=MAX_LIST,
         description="More node labels to match (with spec.resources.nodeSelector).",
     )
-    affinity: Kept | None = Field(
+    affinity: Affinity | None = Field(
         None,
         description="nodeAffinity as given; podAffinity and podAntiAffinity terms are added to "
         "the operator's (one pod per node, topology packing).",
@@ -545,9 +622,11 @@ class TemplatePodSpec(ApiModel):
     runtime_class_name: DnsSubdomain | None = Field(
         None, description="RuntimeClass (e.g. nvidia, kata)."
     )
-    dns_config: Kept | None = Field(None, description="DNS options, nameservers, searches.")
-    security_context: Kept | None = Field(
-        None, description="Pod security context, merged key by key over the operator's."
+    dns_config: DnsConfig | None = Field(None, description="DNS options, nameservers, searches.")
+    security_context: PodSecurityContext | None = Field(
+        None,
+        description="Pod security context, merged key by key over the operator's (held to "
+        "restricted).",
     )
     # The operator's: declared so that both mjob validate and the apiserver refuse them by name
     # (an undeclared field would be pruned without a word).
@@ -599,8 +678,68 @@ class TemplatePodSpec(ApiModel):
         return value
 
 
+# The template's budget: every pod of the job carries it, in etcd, in every watcher and in each
+# create call, so 1,024 pods multiply it. The CRD bounds each field; this bounds the whole, before
+# the operator plans anything (the apiserver itself takes a job of up to 1.5 MB). A rich template
+# (tests/unit/template_cases.py FULL_TEMPLATE) holds about 150 values and 3 KB.
+MAX_TEMPLATE_VALUES: Final = 4096
+MAX_TEMPLATE_BYTES: Final = 64 * 1024
+
+
+def _weigh(value: Any, path: str, depth: int, out: list[tuple[int, int, str]]) -> tuple[int, int]:
+    """(JSON values, about its JSON bytes) under `value`; the same for each node down to
+    `depth`, with its path, in `out`."""
+    if isinstance(value, dict):
+        n, size = 1, 2
+        for k, v in value.items():
+            vn, vs = _weigh(v, f"{path}.{k}", depth - 1, out)
+            n, size = n + vn, size + vs + len(str(k)) + 4
+    elif isinstance(value, list):
+        n, size = 1, 2
+        for i, v in enumerate(value):
+            vn, vs = _weigh(v, f"{path}[{i}]", depth - 1, out)
+            n, size = n + vn, size + vs + 1
+    else:
+        n, size = 1, len(str(value)) + 2
+    if depth > 0:
+        out.append((n, size, path))
+    return n, size
+
+
+def template_size_problem(raw: Any, path: str = "spec.template") -> str | None:
+    """Why a template (as JSON data) is over the budget, naming where most of it is; or None."""
+    nodes: list[tuple[int, int, str]] = []
+    values, _ = _weigh(raw, path, 6, nodes)
+    size = len(json.dumps(raw, separators=(",", ":"), ensure_ascii=False).encode())
+    if values <= MAX_TEMPLATE_VALUES and size <= MAX_TEMPLATE_BYTES:
+        return None
+    # The deepest node holding at least half of what is over: the field to shrink.
+    by_values = values > MAX_TEMPLATE_VALUES
+    total = values if by_values else nodes[-1][1]  # the root is the last node weighed
+    heavy = max(
+        (n for n in nodes if (n[0] if by_values else n[1]) * 2 >= total),
+        key=lambda n: n[2].count(".") + n[2].count("["),
+    )
+    return (
+        f"the template holds {values:,} values and {size:,} bytes ({heavy[2]}: {heavy[0]:,} "
+        f"values, about {heavy[1]:,} bytes); a template may hold at most "
+        f"{MAX_TEMPLATE_VALUES:,} values and {MAX_TEMPLATE_BYTES // 1024} KiB of JSON, since every "
+        "pod of the job carries it: move large content into a ConfigMap or Secret and mount it"
+    )
+
+
 class PodTemplate(ApiModel):
     """An overlay on every pod of the job (see docs/api.md, spec.template)."""
 
     metadata: TemplateMetadata | None = Field(None, description="Pod labels and annotations.")
     spec: TemplatePodSpec | None = Field(None, description="Pod fields.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _budget(cls, data: Any) -> Any:
+        # Before the fields are read: an oversized template costs one walk, not its models.
+        if isinstance(data, dict):
+            problem = template_size_problem(data)
+            if problem:
+                raise ValueError(problem)
+        return data

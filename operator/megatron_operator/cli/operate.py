@@ -184,6 +184,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         network_policy=args.network_policy,
         without_kueue=queues is None,
         require_queue=args.require_queue_label,
+        own_namespace=os.environ.get("POD_NAMESPACE") or None,  # in a pod (the chart sets it)
     )
     controller = Controller(kube, metrics, settings, queues=queues, job_defaults=job_defaults)
     runtime = handlers.Runtime(controller=controller, namespaces=tuple(args.namespace))

@@ -166,6 +166,13 @@ def _print_summary(summary: dict[str, Any], code: int) -> None:
         lines.append(f"  tensorboard:   {summary['tensorboardDir']}")
     if "lossCurve" in summary:
         lines.append(f"  loss curve:    {summary['lossCurve']}")
+    ledger = summary.get("ledger")
+    if isinstance(ledger, dict) and isinstance(ledger.get("seconds"), dict):
+        from megatron_operator.cli.goodput import bar
+
+        lines.append(
+            f"  goodput:       {ledger.get('summary', '-')} [{bar(ledger['seconds'], 40)}]"
+        )
     lines.append(f"  summary:       {Path(summary['workdir']) / 'summary.json'}")
     if summary["status"] != "Succeeded":
         lines.append(f"  why:           {summary['message']}")

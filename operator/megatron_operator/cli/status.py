@@ -8,6 +8,7 @@ The text is built from the job's own status (the operator's record), its pods an
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -95,8 +96,19 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
+# Control characters (C0 with newlines and ESC, DEL, C1) and bidirectional overrides: a pod's
+# termination message or an event is written by whoever controls the pod, and printed as it is
+# they would move the cursor, recolour or rewrite the terminal, or forge lines of the story.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def clean(value: object) -> str:
+    """`value` as text safe for a terminal: each unsafe character as a visible escape."""
+    return _UNSAFE.sub(lambda m: ascii(m.group(0))[1:-1], str(value))
+
+
 def _line(*cells: object, widths: tuple[int, ...]) -> str:
-    text = "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=False))
+    text = "  ".join(clean(c).ljust(w) for c, w in zip(cells, widths, strict=False))
     return "  " + text.rstrip()
 
 
@@ -105,11 +117,16 @@ def describe(job: Obj, pods: list[Obj], events: list[Obj]) -> str:
     meta, spec, st = job["metadata"], job.get("spec") or {}, job.get("status") or {}
     policy = spec.get("restartPolicy") or {}
     out = [
-        f"MegatronJob {meta.get('namespace')}/{meta['name']}: {st.get('phase', 'New')}, "
-        f"attempt {st.get('restartAttempt', 0)} ({st.get('restarts', 0)} restarts, "
-        f"{st.get('restartsCounted', 0)} counted of maxRestarts {policy.get('maxRestarts', 3)})",
-        f"  layout {st.get('layout', '-')}, {st.get('gpus', 0)} GPUs, world size "
-        f"{st.get('worldSize', '-')}; progress {st.get('progressSummary', '-')}",
+        clean(
+            f"MegatronJob {meta.get('namespace')}/{meta['name']}: {st.get('phase', 'New')}, "
+            f"attempt {st.get('restartAttempt', 0)} ({st.get('restarts', 0)} restarts, "
+            f"{st.get('restartsCounted', 0)} counted of maxRestarts "
+            f"{policy.get('maxRestarts', 3)})"
+        ),
+        clean(
+            f"  layout {st.get('layout', '-')}, {st.get('gpus', 0)} GPUs, world size "
+            f"{st.get('worldSize', '-')}; progress {st.get('progressSummary', '-')}"
+        ),
     ]
     for key, what in (
         ("startTime", "started"),
@@ -118,21 +135,23 @@ def describe(job: Obj, pods: list[Obj], events: list[Obj]) -> str:
         ("completionTime", "finished"),
     ):
         if st.get(key):
-            out.append(f"  {what} {st[key]}")
+            out.append(clean(f"  {what} {st[key]}"))
     if st.get("localQueue"):
-        out.append(f"  queue {st['localQueue']} ({st.get('clusterQueue', 'not admitted')})")
+        out.append(clean(f"  queue {st['localQueue']} ({st.get('clusterQueue', 'not admitted')})"))
     defaults = st.get("defaults")
     if isinstance(defaults, dict) and defaults.get("sources"):
         fields = ", ".join(sorted((defaults.get("spec") or {}).keys()))
-        out.append(f"  defaults from {', '.join(map(str, defaults['sources']))}: {fields}")
+        out.append(clean(f"  defaults from {', '.join(map(str, defaults['sources']))}: {fields}"))
     failure = st.get("lastFailure")
     if isinstance(failure, dict):
         where = failure.get("pod", "-") + (f" on {failure['node']}" if failure.get("node") else "")
         code = f", exit {failure['exitCode']}" if "exitCode" in failure else ""
         out += [
             "Last failure:",
-            f"  {failure.get('time', '')} {failure.get('reason')} ({where}{code}) → "
-            f"{failure.get('action')}: {failure.get('message', '')}",
+            clean(
+                f"  {failure.get('time', '')} {failure.get('reason')} ({where}{code}) → "
+                f"{failure.get('action')}: {failure.get('message', '')}"
+            ),
         ]
     conditions = [c for c in st.get("conditions") or [] if isinstance(c, dict)]
     if conditions:

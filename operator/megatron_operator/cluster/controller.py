@@ -220,7 +220,7 @@ class Controller:
                 return
             # The real pods: the status written here must be the one a full reconcile would
             # write (an empty pod list would read as every pod gone).
-            pods = [pod_view(p) for p in self.kube.list_pods(namespace, name)]
+            pods = [pod_view(p) for p in self.kube.list_pods(namespace, name, slim=True)]
             world = self._world(job, pods, None, self.kube.accepted_spec(namespace, name))
             out = self.decide(world, self.settings)
             self._write_status(job, out)
@@ -232,7 +232,7 @@ class Controller:
         cached = self.pods.pods(namespace, name) if self.pods is not None else None
         if cached is not None:
             return cached
-        return [pod_view(p) for p in self.kube.list_pods(namespace, name)]
+        return [pod_view(p) for p in self.kube.list_pods(namespace, name, slim=True)]
 
     def _world(
         self,
@@ -394,15 +394,16 @@ class Controller:
             self.kube.delete_pods(
                 namespace, out.force_delete, out.delete_uids, force=True, job=name
             )
-        pods = [p for p in out.create_pods if p["metadata"]["name"] not in expect.created]
-        others = [o for o in out.create if o["kind"] != "Pod"]
+        # Rendered one at a time by the create calls (core/render.Pods), never all at once.
+        pods = out.pods.without(expect.created) if out.pods is not None else None
+        others = out.create
         uid = meta.get("uid")
         if others and not out.create_pods:  # an in-place release refreshes the config alone
             self.kube.ensure_children(others, uid)
         if pods:  # the other children go with them (get-or-create); not again for cached pods
             self.kube.ensure_children(others, uid)
             made = self.kube.create_pods(pods, uid)
-            expect.created_now(p["metadata"]["name"] for p in pods)
+            expect.created_now(pods.names)
             attempt = out.status.get("restartAttempt")
             log.info("%s/%s: attempt %s: created %d pods", namespace, name, attempt, made)
         if out.delete_job:

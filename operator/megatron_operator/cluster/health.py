@@ -96,6 +96,8 @@ def serve_metrics(
                 return Reply(503, f"cannot check the bearer token now: {exc}\n".encode())
             if decision == Decision.UNAUTHENTICATED:
                 return Reply(401, b"a bearer token the apiserver accepts is required\n")
+            if decision == Decision.THROTTLED:
+                return Reply(429, b"too many unknown tokens to check: try again shortly\n")
             if decision != Decision.ALLOWED:
                 return Reply(403, b"this identity may not get /metrics\n")
         return Reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)

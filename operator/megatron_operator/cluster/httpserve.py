@@ -4,9 +4,12 @@ Any pod can open connections to the operator's ports. `ThreadingHTTPServer` gave
 thread with no read timeout: 800 idle half-requests left 800 threads, never reaped. This server
 runs on one asyncio loop in one thread, whatever the number of connections:
 
-- at most `max_connections` at once: a new connection over the cap closes the oldest one still
-  waiting for its request (an idle connection cannot keep a probe out; a request arrives within
-  milliseconds of its connection, so a real client is not the oldest);
+- at most `max_connections` at once, counted from the TCP accept, before any TLS handshake
+  (2,000 half-open handshakes once held ~275 MB): a new connection over the cap closes the
+  oldest one still in its handshake or waiting for its request (an idle connection cannot keep
+  a probe out; a request arrives within milliseconds of its connection, so a real client is not
+  the oldest);
+- TLS is started on the accepted connection, within `read_timeout`;
 - a request must arrive whole (request line and headers, at most `MAX_HEADER_BYTES`) within
   `read_timeout` seconds, or the connection is closed; one request per connection;
 - only GET and HEAD; a handler runs in a small executor (rendering 2,000 jobs' metrics takes a
@@ -48,6 +51,7 @@ _REASONS = {
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    429: "Too Many Requests",
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
@@ -86,12 +90,7 @@ class Server:
             try:
                 self.server = self.loop.run_until_complete(
                     asyncio.start_server(
-                        self._connection,
-                        host or None,
-                        port,
-                        ssl=tls,
-                        ssl_handshake_timeout=read_timeout if tls is not None else None,
-                        limit=MAX_HEADER_BYTES,
+                        self._connection, host or None, port, limit=MAX_HEADER_BYTES
                     )
                 )
             except BaseException as exc:  # e.g. the port is taken: the caller raises it
@@ -150,8 +149,6 @@ class Server:
             await self._serve_one(reader, writer)
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             pass  # a slow, broken or hostile client: its connection just goes
-        except asyncio.LimitOverrunError:
-            await self._reply(writer, Reply(400, b"request headers too large\n"))
         except Exception:
             log.exception("the HTTP server failed on a request")
         finally:
@@ -160,9 +157,29 @@ class Server:
             writer.close()
 
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reading[writer] = None
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.read_timeout)
-        self.reading.pop(writer, None)
+        accepted = writer
+        self.reading[accepted] = None  # counted, and evictable, from the accept on
+        if self.tls is not None:
+            # (Not StreamWriter.start_tls: in 3.11 it fails with AttributeError on a connection
+            # closed during the handshake, which is what an eviction does.)
+            raw = writer.transport
+            tls = await self.loop.start_tls(
+                raw,
+                raw.get_protocol(),
+                self.tls,
+                server_side=True,
+                ssl_handshake_timeout=self.read_timeout,
+            )
+            if tls is None:
+                raise ConnectionError("closed during the TLS handshake")
+            writer = asyncio.StreamWriter(tls, tls.get_protocol(), reader, self.loop)
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.read_timeout)
+        except asyncio.LimitOverrunError:
+            self.reading.pop(accepted, None)
+            await self._reply(writer, Reply(400, b"request headers too large\n"))  # over TLS too
+            return
+        self.reading.pop(accepted, None)
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3:

@@ -10,9 +10,11 @@ call is idempotent and never removes an object other than the one observed. Pods
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
-from collections.abc import Iterable
+import secrets
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
@@ -20,11 +22,12 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from megatron_contract.paths import COORDINATOR_KEY
 from megatron_operator.api.defaults import PLURAL as DEFAULTS_PLURAL
 from megatron_operator.api.job import GROUP, KIND, PLURAL, VERSION
 from megatron_operator.cluster.gangcalls import FairPool, slow_start
 from megatron_operator.core.names import LABEL_JOB_NAME, MANAGED_BY, SPEC_KEY, config_map_name
-from megatron_operator.core.observe import controller_uid, format_time
+from megatron_operator.core.observe import controller_uid, format_time, slim_pod
 from megatron_operator.core.ownership import UPDATED_KINDS, conflict, sealed
 
 log = logging.getLogger(__name__)
@@ -80,6 +83,37 @@ def call(method: Any, *args: Any, **kwargs: Any) -> bytes:
 
 def call_json(method: Any, *args: Any, **kwargs: Any) -> Any:
     return json.loads(call(method, *args, **kwargs))
+
+
+LIST_PAGE = 10  # pods per page: a pod at the template budget is ~1 MB of Python objects
+
+
+def _pages(method: Any, *args: Any, **kwargs: Any) -> Iterator[tuple[list[Obj], str | None]]:
+    """A LIST in pages of LIST_PAGE, each with the list's resourceVersion (every page of one
+    list is the same snapshot). An expired continue token raises 410, as a stale watch does:
+    the caller lists again."""
+    token: str | None = None
+    while True:
+        extra: dict[str, Any] = {"limit": LIST_PAGE}
+        if token:
+            extra["_continue"] = token
+        doc = call_json(method, *args, **kwargs, **extra)
+        meta = doc.get("metadata") or {}
+        version = meta.get("resourceVersion")
+        yield list(doc.get("items") or []), str(version) if version else None
+        token = meta.get("continue")
+        if not token:
+            return
+
+
+def with_coordinator_key(obj: Obj) -> Obj:
+    """The job's coordinator Secret with a fresh random key (the renderer leaves it out: the
+    core is deterministic). Used only when the Secret is created; an existing one of the job
+    keeps its key, which its running pods mount."""
+    if obj.get("kind") != "Secret" or (obj.get("data") or {}).get(COORDINATOR_KEY):
+        return obj
+    key = base64.b64encode(secrets.token_bytes(32)).decode()
+    return {**obj, "data": {**(obj.get("data") or {}), COORDINATOR_KEY: key}}
 
 
 def _retained(obj: Obj) -> bool:
@@ -222,21 +256,30 @@ class Kube:
         return sorted(items, key=lambda i: str((i.get("metadata") or {}).get("name", "")))
 
     # --- pods
-    def list_pods(self, namespace: str, job: str) -> list[Obj]:
-        doc = call_json(
-            self.core.list_namespaced_pod, namespace, label_selector=f"{LABEL_JOB_NAME}={job}"
-        )
-        return list(doc.get("items") or [])
+    def list_pods(self, namespace: str, job: str, slim: bool = False) -> list[Obj]:
+        """The job's pods, listed in pages; with `slim`, as much of each as pod_view reads."""
+        items: list[Obj] = []
+        selector = f"{LABEL_JOB_NAME}={job}"
+        for page, _ in _pages(self.core.list_namespaced_pod, namespace, label_selector=selector):
+            items += [slim_pod(p) for p in page] if slim else page
+        return items
 
-    def create_pods(self, pods: list[Obj], job_uid: str | None = None) -> int:
+    def create_pods(self, pods: Sequence[Obj], job_uid: str | None = None) -> int:
         """Create in slow-start batches, fairly with other jobs' calls; a pod that already
         exists counts as done when it is the job's own (ChildConflict otherwise). Returns how
-        many this call created."""
+        many this call created. Each pod is read from `pods` by the worker that creates it: a
+        lazy sequence (core/render.Pods) renders it then, so at most a worker's share of a
+        gang is rendered at once."""
         if not pods:
             return 0
-        meta = pods[0]["metadata"]
+        first = pods[0]
+        meta = first["metadata"]
         key = (str(meta["namespace"]), str((meta.get("labels") or {}).get(LABEL_JOB_NAME, "")))
-        return sum(slow_start(self.gang, key, lambda p: self._create_pod(p, job_uid), pods))
+
+        def create(i: int) -> int:
+            return self._create_pod(first if i == 0 else pods[i], job_uid)
+
+        return sum(slow_start(self.gang, key, create, range(len(pods))))
 
     def _create_pod(self, pod: Obj, job_uid: str | None) -> int:
         try:
@@ -297,15 +340,21 @@ class Kube:
         return self.core.list_namespaced_pod(namespace, **kw)
 
     def list_all_pods(self, namespace: str | None) -> tuple[list[Obj], str | None]:
-        """Every pod with our job label (in one namespace or all), and the version to watch
-        from."""
+        """Every pod with our job label (in one namespace or all), as much of each as the pod
+        cache reads (core/observe.slim_pod), and the version to watch from. Listed in pages: a
+        relist of every gang in the cluster, each pod carrying its job's template, was once
+        parsed whole."""
         selector = LABEL_JOB_NAME
         if namespace is None:
-            doc = call_json(self.core.list_pod_for_all_namespaces, label_selector=selector)
+            pages = _pages(self.core.list_pod_for_all_namespaces, label_selector=selector)
         else:
-            doc = call_json(self.core.list_namespaced_pod, namespace, label_selector=selector)
-        version = (doc.get("metadata") or {}).get("resourceVersion")
-        return list(doc.get("items") or []), str(version) if version else None
+            pages = _pages(self.core.list_namespaced_pod, namespace, label_selector=selector)
+        items: list[Obj] = []
+        version: str | None = None
+        for page, page_version in pages:
+            items += [slim_pod(p) for p in page]
+            version = page_version
+        return items, version
 
     def list_nodes(self) -> tuple[list[Obj], str | None]:
         """Every node, and the resourceVersion to watch from."""
@@ -334,6 +383,12 @@ class Kube:
         """create, read, replace and delete of a child kind (namespace, then name/body)."""
         core, rbac, net = self.core, self.rbac, self.networking
         return {
+            "Secret": (
+                core.create_namespaced_secret,
+                core.read_namespaced_secret,
+                core.replace_namespaced_secret,
+                core.delete_namespaced_secret,
+            ),
             "ConfigMap": (
                 core.create_namespaced_config_map,
                 core.read_namespaced_config_map,
@@ -411,6 +466,7 @@ class Kube:
         job's own (ChildConflict otherwise); the ConfigMap and the Role are then replaced, since
         a new attempt may run a changed spec (e.g. a resize while suspended) and new pods."""
         key = self.claim_key
+        objs = [with_coordinator_key(o) for o in objs]
         for obj in [sealed(o, key) if _retained(o) and key is not None else o for o in objs]:
             create, _, replace, _ = self._methods(obj["kind"])
             ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
@@ -487,6 +543,7 @@ class Kube:
             ("Pod", core.list_namespaced_pod),
             ("ServiceAccount", core.list_namespaced_service_account),
             ("ConfigMap", core.list_namespaced_config_map),
+            ("Secret", core.list_namespaced_secret),
             ("PersistentVolumeClaim", core.list_namespaced_persistent_volume_claim),
             ("Role", rbac.list_namespaced_role),
             ("RoleBinding", rbac.list_namespaced_role_binding),

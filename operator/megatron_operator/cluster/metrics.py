@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from megatron_operator.api.spec import FailureReason
-from megatron_operator.api.status import PHASES, Rung
+from megatron_operator.api.status import PHASES, Cause, Rung
 from megatron_operator.core.observe import parse_time
 
 # Every reason a restart can have: each job's counter starts at 0 for each, so `increase()` sees
@@ -92,6 +92,32 @@ class Metrics:
             job,
             registry=r,
         )
+        self.goodput_seconds = Counter(
+            "megatronjob_goodput_seconds",
+            "The job's wall time by cause (status.ledger; docs/metrics.md defines each cause), "
+            "as the ledger attributes it",
+            [*job, "cause"],
+            registry=r,
+        )
+        self.goodput = Gauge(
+            "megatronjob_goodput_ratio",
+            "Productive seconds over wall seconds since the job was created (status.ledger)",
+            job,
+            registry=r,
+        )
+        self.gpus = Gauge(
+            "megatronjob_gpus",
+            "GPUs the job's pods request (status.gpus; 0 on CPU), to weigh a fleet's goodput",
+            job,
+            registry=r,
+        )
+        self.remaining = Gauge(
+            "megatronjob_forecast_remaining_seconds",
+            "Expected seconds to the job's last step, counting failures (status.forecast); "
+            "quantile 0.5 is the expectation, 0.9 the 90th percentile",
+            [*job, "quantile"],
+            registry=r,
+        )
         self.ready = Gauge(
             "megatron_operator_ready",
             "1 once this replica is ready (what /readyz reports): its watches synced, or a "
@@ -125,6 +151,8 @@ class Metrics:
         # The checkpoint step each job's checkpoint_time belongs to (the gauge has no history).
         self._checkpoints: dict[tuple[str, str], int] = {}
         self._seen: set[tuple[str, str]] = set()  # jobs whose counters exist (at 0 or more)
+        # Per job, the ledger seconds each cause's counter holds (a counter only goes up).
+        self._ledgers: dict[tuple[str, str], dict[str, float]] = {}
 
     def observe_status(
         self,
@@ -151,6 +179,10 @@ class Metrics:
         phase = status.get("phase")
         for p in PHASES:
             self.phase.labels(namespace, name, p).set(1 if p == phase else 0)
+        gpus = status.get("gpus")
+        if isinstance(gpus, int) and not isinstance(gpus, bool):
+            self.gpus.labels(namespace, name).set(gpus)
+        self._observe_ledger(namespace, name, status.get("ledger"), status.get("forecast"))
         progress = status.get("progress")
         if isinstance(progress, dict):
             for gauge, key in (
@@ -182,6 +214,39 @@ class Metrics:
             self.checkpoint_iteration.labels(namespace, name).set(step)
             self.checkpoint_time.labels(namespace, name).set(stamp)
 
+    def _observe_ledger(self, namespace: str, name: str, ledger: object, forecast: object) -> None:
+        """The ledger's seconds by cause into counters: each advances by what the ledger added
+        since the last look. Only attributed seconds count: the open interval the status shows
+        as `unattributed` joins a cause once a fact says which (a counter cannot give back)."""
+        if not isinstance(ledger, dict) or not isinstance(ledger.get("seconds"), dict):
+            return
+        seconds: dict[str, float] = {}
+        for key, raw in ledger["seconds"].items():
+            value = _number(raw)
+            if value is not None:
+                seconds[str(key)] = value
+        fold = ledger.get("fold")
+        closed = _number(fold.get("closed")) if isinstance(fold, dict) else None
+        wall = _number(ledger.get("wallSeconds"))
+        if closed is not None and wall is not None:
+            unattributed = seconds.get(Cause.UNATTRIBUTED, 0.0) - max(wall - closed, 0.0)
+            seconds[Cause.UNATTRIBUTED] = max(unattributed, 0.0)
+        counted = self._ledgers.setdefault((namespace, name), {})
+        for cause in Cause:
+            value, before = seconds.get(cause, 0.0), counted.get(cause, 0.0)
+            if value > before:
+                self.goodput_seconds.labels(namespace, name, str(cause)).inc(value - before)
+                counted[cause] = value
+        goodput = _number(ledger.get("goodput"))
+        if goodput is not None:
+            self.goodput.labels(namespace, name).set(goodput)
+        for quantile, field in (("0.5", "remainingSeconds"), ("0.9", "p90Seconds")):
+            value = _number(forecast.get(field)) if isinstance(forecast, dict) else None
+            if value is not None:
+                self.remaining.labels(namespace, name, quantile).set(value)
+            else:
+                self._remove(self.remaining, namespace, name, quantile)
+
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted job's series, so dashboards do not show ghosts."""
         for p in PHASES:
@@ -196,8 +261,14 @@ class Metrics:
             self.progress_time,
             self.running_since,
             self.hang_timeout,
+            self.goodput,
+            self.gpus,
         ):
             self._remove(gauge, namespace, name)
+        for quantile in ("0.5", "0.9"):
+            self._remove(self.remaining, namespace, name, quantile)
+        for cause in self._ledgers.pop((namespace, name), {}):
+            self._remove(self.goodput_seconds, namespace, name, cause)
         for reason, rung in RESTART_SERIES:
             self._remove(self.restarts, namespace, name, reason, rung)
         self._checkpoints.pop((namespace, name), None)
@@ -212,6 +283,11 @@ class Metrics:
 def _no_progress_source(spec: dict[str, Any] | None) -> bool:
     trainer = spec.get("trainer") if isinstance(spec, dict) else None
     return isinstance(trainer, dict) and trainer.get("progress") == "None"
+
+
+def _number(value: object) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    return float(value) if ok else None  # type: ignore[arg-type]
 
 
 def _hang_timeout(spec: dict[str, Any]) -> int:

@@ -16,6 +16,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from megatron_operator.api import SpecError, load_job
+from megatron_operator.api.managedby import Manager, manager_of_job
 from megatron_operator.cluster.kube import ChildConflict, Conflict, Kube, call, call_json
 from megatron_operator.cluster.watch import WATCH_SECONDS, Watcher
 from megatron_operator.core import kueue
@@ -88,14 +89,18 @@ class Queues:
             return None
         namespace, uid = str(meta["namespace"]), str(meta.get("uid") or "")
         # A job MultiKueue copied here runs under the Workload it made (a copy of the manager's,
-        # owned by the manager's job: its controller is not this copy).
-        prebuilt = kueue.prebuilt_workload_of(
-            meta.get("annotations") or {}, meta.get("labels") or {}
-        )
+        # controlled by no object until this job takes it over). Not on the manager: there the
+        # name can only be someone else's Workload.
+        prebuilt = None
+        if manager_of_job(job) is not Manager.MULTIKUEUE:
+            prebuilt = kueue.prebuilt_workload_of(
+                meta.get("annotations") or {}, meta.get("labels") or {}
+            )
         name = prebuilt or kueue.workload_name(str(meta["name"]), uid)
-        raw = self.get(namespace, name)
-        foreign = None
-        if raw is not None and not prebuilt and controller_uid(raw.get("metadata")) != uid:
+        foreign = kueue.prebuilt_name_problem(str(meta["name"]), prebuilt) if prebuilt else None
+        raw = self.get(namespace, name) if foreign is None else None
+        controller = controller_uid(raw.get("metadata")) if raw is not None else None
+        if raw is not None and controller != uid and (controller is not None or not prebuilt):
             # Someone else's object under our Workload's name: not read, used or deleted.
             foreign = (
                 f"Workload {name} exists and is not this job's (its controller is not the job): "

@@ -81,6 +81,8 @@ class JobStatus:
     flavors: list[str] | None = None
     kept_pods: list[str] | None = None  # failed pods kept for their logs, oldest first
     defaults: dict[str, Any] | None = None  # the merged defaults, resolved once (core/defaults)
+    ledger: dict[str, Any] | None = None  # the goodput ledger (core/ledger.py, accounting.py)
+    forecast: dict[str, Any] | None = None  # the remaining time (core/forecast.py)
     extra: dict[str, Any] = field(default_factory=dict)  # keys we do not know, kept as they were
 
     @classmethod
@@ -123,6 +125,8 @@ class JobStatus:
             flavors=_texts(doc.get("flavors")),
             kept_pods=_texts(doc.get("keptPods")),
             defaults=_dict(doc.get("defaults")),
+            ledger=_dict(doc.get("ledger")),
+            forecast=_dict(doc.get("forecast")),
             extra={k: copy.deepcopy(v) for k, v in doc.items() if k not in known},
         )
 

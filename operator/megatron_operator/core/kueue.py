@@ -27,6 +27,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from megatron_operator.api.job import MegatronJob
+from megatron_operator.api.managedby import MULTIKUEUE
 from megatron_operator.core.names import LABEL_NODE_RANK, LABEL_RESTART_ATTEMPT
 from megatron_operator.core.planner import Plan
 from megatron_operator.core.render import job_labels, owner_reference, pod
@@ -159,7 +160,26 @@ def prebuilt_workload_of(annotations: Mapping[str, str], labels: Mapping[str, st
 
 
 def prebuilt_workload(job: MegatronJob) -> str | None:
+    """The prebuilt Workload of a job MultiKueue copied to this (worker) cluster. Never for a
+    job MultiKueue dispatches from here (the manager): MultiKueue puts the name on the worker's
+    copy only, so on the manager it could only name someone else's Workload."""
+    if job.spec.managed_by == MULTIKUEUE:
+        return None
     return prebuilt_workload_of(job.metadata.annotations, job.metadata.labels)
+
+
+def prebuilt_name_problem(job_name: str, name: str) -> str | None:
+    """Why `name` cannot be the prebuilt Workload of the job `job_name` (None: it can).
+    MultiKueue names the worker's copy as the manager's Workload, `workload_name` of the
+    manager's job, whose name the copied job keeps: `<job>-<5 hex>`. Any other name is another
+    job's Workload, which the operator neither reads, takes nor touches."""
+    prefix = job_name[: MAX_NAME - HASH_LENGTH - 1].rstrip("-")
+    if re.fullmatch(re.escape(prefix) + f"-[0-9a-f]{{{HASH_LENGTH}}}", name):
+        return None
+    return (
+        f"metadata: {PREBUILT_WORKLOAD} names Workload {name}, which is not this job's "
+        f"(MultiKueue names it {prefix}-<hash>): the operator neither takes nor touches it"
+    )
 
 
 def job_workload_name(job: MegatronJob) -> str:
@@ -170,8 +190,9 @@ def job_workload_name(job: MegatronJob) -> str:
 def adoption_patch(raw: Mapping[str, Any], job: MegatronJob) -> Obj | None:
     """The merge patch that makes a prebuilt Workload the job's (a controller ownerReference
     and the job-uid labels, as Kueue's jobframework does for its own jobs); None when it is
-    already. A Workload another object controls, or one another MultiKueue manager made (its
-    origin label is not the job's), is never taken: KueueError names it."""
+    already. A Workload another object controls, one MultiKueue did not make (no origin label),
+    or one another MultiKueue manager made (its origin label is not the job's), is never taken:
+    KueueError names it."""
     meta = raw.get("metadata") or {}
     refs = [dict(r) for r in meta.get("ownerReferences") or []]
     uid = job.metadata.uid or ""
@@ -184,7 +205,12 @@ def adoption_patch(raw: Mapping[str, Any], job: MegatronJob) -> Obj | None:
             f"{controller.get('name')} (uid {controller.get('uid')}), not by this job"
         )
     origin = (meta.get("labels") or {}).get(LABEL_MULTIKUEUE_ORIGIN)
-    if origin is not None and job.metadata.labels.get(LABEL_MULTIKUEUE_ORIGIN) != origin:
+    if origin is None:
+        raise KueueError(
+            f"Workload {meta.get('name')} has no {LABEL_MULTIKUEUE_ORIGIN} label: MultiKueue did "
+            "not make it, and the operator takes over no other Workload"
+        )
+    if job.metadata.labels.get(LABEL_MULTIKUEUE_ORIGIN) != origin:
         raise KueueError(
             f"Workload {meta.get('name')} was made by MultiKueue manager {origin!r}, but the job "
             f"carries {LABEL_MULTIKUEUE_ORIGIN}={job.metadata.labels.get(LABEL_MULTIKUEUE_ORIGIN)!r}"
@@ -519,13 +545,16 @@ def admission_pod_patch(
     `podset_updates` are the admission checks' PodSetUpdates (`QueuedState.updates_for`); `tas`
     (`QueuedState.tas_for`) is given when Kueue assigned a topology.
     """
-    out = copy.deepcopy(dict(pod_obj))
-    meta = out.setdefault("metadata", {})
-    spec = out.setdefault("spec", {})
-    labels = meta.setdefault("labels", {})
-    annotations = meta.setdefault("annotations", {})
-    selector: dict[str, str] = spec.setdefault("nodeSelector", {})
-    tolerations: list[Obj] = spec.setdefault("tolerations", [])
+    # Only what this writes is copied: the rest (the template's parts) is shared with the gang's
+    # other pods, and a deep copy of each pod would undo that (core/overlay.py).
+    out = dict(pod_obj)
+    meta = out["metadata"] = dict(out.get("metadata") or {})
+    spec = out["spec"] = dict(out.get("spec") or {})
+    labels = meta["labels"] = dict(meta.get("labels") or {})
+    annotations = meta["annotations"] = dict(meta.get("annotations") or {})
+    selector: dict[str, str] = dict(spec.get("nodeSelector") or {})
+    tolerations: list[Obj] = list(spec.get("tolerations") or [])
+    spec["nodeSelector"], spec["tolerations"] = selector, tolerations
     for name in sorted(set(assignment.flavors.values())):
         if name not in flavors:
             raise KueueError(
@@ -553,9 +582,10 @@ def admission_pod_patch(
             annotations[ANNOTATION_PREFERRED_TOPOLOGY] = str(request["preferred"])
         else:
             annotations[ANNOTATION_UNCONSTRAINED_TOPOLOGY] = "true"
-        gates: list[Obj] = spec.setdefault("schedulingGates", [])
+        gates: list[Obj] = list(spec.get("schedulingGates") or [])
         if {"name": GATE_TOPOLOGY} not in gates:
             gates.append({"name": GATE_TOPOLOGY})
+        spec["schedulingGates"] = gates
     # Leave no empty fields behind (the rendered pod may have had none of them).
     for key, value in (("nodeSelector", selector), ("tolerations", tolerations)):
         if not value:

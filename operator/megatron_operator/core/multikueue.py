@@ -115,7 +115,7 @@ def reconcile_dispatched(world: World, settings: Settings | None = None) -> Outc
         if host.cond(C.ADMITTED, False, Reason.QUEUED, NO_LABEL):
             host.event(EventType.WARNING, Reason.QUEUED, NO_LABEL)
     else:
-        queueing = Queueing(q, host, world.now)
+        queueing = Queueing(q, host, world.now, meta.get("uid"))
         if job.spec.suspend:
             queueing.suspended([])
             if st.phase != Phase.SUSPENDED:

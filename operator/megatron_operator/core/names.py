@@ -67,6 +67,11 @@ def trainer_account_name(job: str) -> str:
     return f"{job}-trainer"
 
 
+def coordinator_secret_name(job: str) -> str:
+    """The Secret holding the job's coordinator key (paths.COORDINATOR_KEY)."""
+    return f"{job}-coordinator"
+
+
 def progress_lease_name(job: str) -> str:
     """The Lease rank 0 writes its progress record to; the trainer's Role names only it."""
     return f"{job}-progress"

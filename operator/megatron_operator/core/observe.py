@@ -20,6 +20,8 @@ from megatron_contract.paths import (
     PROGRESS_RECORD_MAX,
     TERMINATION_MESSAGE_MAX,
 )
+from megatron_contract.timeline import KEY as CLOCK_KEY
+from megatron_contract.timeline import Clock, parse_clock
 from megatron_operator.core.names import (
     ANNOTATION_RESTART_STRATEGY,
     CONTAINER_NAME,
@@ -80,6 +82,7 @@ class Progress:
     mfu: float | None
     checkpoint_iteration: int | None
     time: datetime
+    clock: Clock | None = None  # the process's timeline (goodput ledger), when reported
 
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -132,6 +135,7 @@ def parse_progress(text: object) -> Progress | None:
         mfu=_float(doc.get("mfu")),
         checkpoint_iteration=_count(doc.get("checkpointIteration")),
         time=when,
+        clock=parse_clock(doc.get(CLOCK_KEY)),
     )
 
 
@@ -351,6 +355,27 @@ def pod_view(raw: dict[str, Any]) -> PodView:
         else None,
         strategy=_text((meta.get("annotations") or {}).get(ANNOTATION_RESTART_STRATEGY)),
     )
+
+
+_VIEWED_META = ("name", "namespace", "labels", "uid", "deletionTimestamp", "ownerReferences")
+
+
+def slim_pod(raw: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a pod that pod_view and the caches read: a list of a whole gang keeps this
+    instead of every pod's spec (its template, its sidecars)."""
+    meta = raw.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    kept = {k: meta[k] for k in _VIEWED_META if k in meta}
+    if ANNOTATION_RESTART_STRATEGY in annotations:
+        kept["annotations"] = {
+            ANNOTATION_RESTART_STRATEGY: annotations[ANNOTATION_RESTART_STRATEGY]
+        }
+    node = (raw.get("spec") or {}).get("nodeName")
+    return {
+        "metadata": kept,
+        "spec": {"nodeName": node} if node else {},
+        "status": raw.get("status") or {},
+    }
 
 
 def controller_uid(meta: Any) -> str | None:

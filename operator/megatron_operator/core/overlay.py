@@ -7,11 +7,19 @@ securityContext, the trainer's resource entries). Affinity terms and tolerations
 operator's, never replace them: one pod per node and the topology packing always hold. The API
 refuses every field the operator owns before a template gets here (api/template.py), so nothing
 merged below can undo the gang's contract.
+
+The template's parts are shared, not copied: every pod of a gang holds the same dicts for the
+template's volumes, sidecars, affinity terms and DNS options (what the operator merges in is new
+per pod). A rendered pod is therefore read-only below its own top-level fields; nothing that
+takes it (the Kueue admission patch, the create call, `mjob render`) writes into it. A template
+holds at most 64 KiB (api/template.py), and a 1,024-pod gang costs it once, not 1,024 times.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections import OrderedDict
+from typing import Any, Final
 
 from megatron_contract.paths import CONTAINER_NAME
 from megatron_operator.api.template import PodTemplate
@@ -29,15 +37,6 @@ def _merge_by(key: str, ours: list[Obj], theirs: list[Obj]) -> list[Obj]:
             index[item.get(key)] = len(out)
             out.append(item)
     return out
-
-
-def _json_copy(value: Any) -> Any:
-    """A copy of JSON data: faster than copy.deepcopy, which a 1,024-pod gang would feel."""
-    if isinstance(value, dict):
-        return {k: _json_copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_copy(v) for v in value]
-    return value
 
 
 def _affinity(ours: Obj, theirs: Obj) -> Obj:
@@ -76,29 +75,70 @@ def _trainer(container: Obj, patch: Obj) -> Obj:
     return out
 
 
-# The template's JSON, by template object: a gang of 1,024 pods dumps its job's template once,
-# not once per pod. The object is kept beside its dump, so a reused id() cannot match.
-_DUMPS: dict[int, tuple[PodTemplate, Obj]] = {}
-_DUMPS_MAX = 64
+def _hardened(container: Obj) -> Obj:
+    """An init or sidecar container held to restricted: no privilege escalation and every
+    capability dropped, unless the template says so itself (the API refuses the opposite:
+    escalation, privilege, root, added capabilities beyond NET_BIND_SERVICE and IPC_LOCK)."""
+    context = dict(container.get("securityContext") or {})
+    context.setdefault("allowPrivilegeEscalation", False)
+    caps = dict(context.get("capabilities") or {})
+    drop = list(caps.get("drop") or [])
+    if "ALL" not in drop:
+        drop.append("ALL")
+    caps["drop"] = drop
+    context["capabilities"] = caps
+    return {**container, "securityContext": context}
 
 
-def _dump(template: PodTemplate) -> Obj:
-    hit = _DUMPS.get(id(template))
+def prepared(template: PodTemplate) -> Obj:
+    """The template as the pods carry it: its JSON, with its init and sidecar containers held to
+    restricted. Shared by every pod rendered from it (cached by template object)."""
+    hit = _PREPARED.get(id(template))
     if hit is not None and hit[0] is template:
+        _PREPARED.move_to_end(id(template))
         return hit[1]
-    if len(_DUMPS) >= _DUMPS_MAX:
-        _DUMPS.clear()
     doc = template.to_api()
-    _DUMPS[id(template)] = (template, doc)
+    spec = doc.get("spec", {})
+    for key in ("initContainers", "containers"):
+        if key in spec:
+            spec[key] = [c if c["name"] == CONTAINER_NAME else _hardened(c) for c in spec[key]]
+    size = len(json.dumps(doc, separators=(",", ":")))
+    _remember(template, doc, size)
     return doc
 
 
-def overlay(pod: Obj, template: PodTemplate | None) -> Obj:
+# The prepared templates, by template object: a gang of 1,024 pods prepares its job's template
+# once, not once per pod. The object is kept beside its doc, so a reused id() cannot match. The
+# cache is bounded in bytes (of JSON; the Python objects take about ten times that) as well as in
+# entries, and a template over a quarter of the budget is not kept at all.
+CACHE_ENTRIES: Final = 32
+CACHE_BYTES: Final = 1024 * 1024
+_PREPARED: OrderedDict[int, tuple[PodTemplate, Obj, int]] = OrderedDict()
+
+
+def _remember(template: PodTemplate, doc: Obj, size: int) -> None:
+    if size * 4 > CACHE_BYTES:
+        return
+    _PREPARED[id(template)] = (template, doc, size)
+    total = sum(entry[2] for entry in _PREPARED.values())
+    while len(_PREPARED) > CACHE_ENTRIES or total > CACHE_BYTES:
+        _, (_, _, dropped) = _PREPARED.popitem(last=False)
+        total -= dropped
+
+
+def cached_bytes() -> int:
+    """The JSON bytes of the prepared templates the cache holds (for tests and benchmarks)."""
+    return sum(entry[2] for entry in _PREPARED.values())
+
+
+def overlay(pod: Obj, template: PodTemplate | None, doc: Obj | None = None) -> Obj:
     """The pod with the template merged in (in place: the renderer made it for this call).
-    What comes from the template is copied, so no two pods share a dict."""
+    The template's parts are shared with every other pod rendered from it: read-only. `doc` is
+    `prepared(template)` when the caller already has it."""
     if template is None:
         return pod
-    doc: Obj = _json_copy(_dump(template))
+    if doc is None:
+        doc = prepared(template)
     out = pod
     meta, spec = out["metadata"], out["spec"]
     extra = doc.get("metadata", {})

@@ -351,20 +351,6 @@ def _spec_rules(spec: MegatronJobSpec, dp: int | None) -> Iterator[FieldError]:
             )
     yield from _network_rules(spec)
     yield from _init_rules(spec)
-    yield from _identity_rules(spec)
-
-
-def _identity_rules(spec: MegatronJobSpec) -> Iterator[FieldError]:
-    """The template may change the pods' uid, never to root: the trainer container runs with
-    runAsNonRoot, and the kubelet refuses to start a container that would run as uid 0."""
-    tpl = spec.template.spec if spec.template is not None else None
-    context = tpl.security_context if tpl is not None else None
-    if context is not None and context.get("runAsUser") == 0:
-        yield _e(
-            "template.spec.securityContext.runAsUser",
-            "0 is root: the trainer container runs with runAsNonRoot, so the kubelet would "
-            "never start the pods; remove it (the images run as uid 1000) or give a non-zero uid",
-        )
 
 
 def network_resource(spec: MegatronJobSpec) -> str | None:

@@ -27,8 +27,9 @@ from megatron_operator.api.status import ConditionType, EventType, Phase, Reason
 from megatron_operator.core import kueue
 from megatron_operator.core.jobstatus import JobStatus
 from megatron_operator.core.kueue import KueueError, QueuedState, WorkloadPhase
-from megatron_operator.core.observe import PodView
+from megatron_operator.core.observe import PodView, controller_uid
 from megatron_operator.core.planner import Plan
+from megatron_operator.core.render import Pods
 
 Obj = dict[str, Any]
 C = ConditionType
@@ -80,10 +81,13 @@ def _condition(st: JobStatus, type_: str) -> Mapping[str, Any] | None:
 class Queueing:
     """One reconcile's Kueue decisions for one queued job."""
 
-    def __init__(self, world: QueueWorld, host: Host, now: datetime) -> None:
+    def __init__(
+        self, world: QueueWorld, host: Host, now: datetime, uid: str | None = None
+    ) -> None:
         self.q = world
         self.host = host
         self.now = now
+        self.uid = uid  # the job's: only a Workload it controls (or takes over now) is written
         self.actions = WorkloadActions()
         self.state: QueuedState | None = (
             kueue.workload_state(world.workload) if world.workload is not None else None
@@ -134,7 +138,16 @@ class Queueing:
         it does not match the job (then Finished/OutOfSync, and MultiKueue dispatches again).
         True when there is nothing in the way (or no prebuilt Workload at all)."""
         raw, state = self.q.workload, self.state
-        if not kueue.prebuilt_workload(job) or raw is None or state is None:
+        prebuilt = kueue.prebuilt_workload(job)
+        if prebuilt is None:
+            return True
+        # Whose it is comes first: never a write (adoption, OutOfSync) to another job's Workload.
+        problem = kueue.prebuilt_name_problem(job.name, prebuilt)
+        if problem is not None:
+            self.host.delete(pods)
+            self._waiting(Reason.QUEUED, problem, EventType.WARNING)
+            return False
+        if raw is None or state is None:
             return True
         if state.phase is WorkloadPhase.FINISHED:
             return True
@@ -262,25 +275,31 @@ class Queueing:
         self.host.cond(C.ADMITTED, False, Reason.SUSPENDED, "spec.suspend is true")
 
     # --- the pods to create ------------------------------------------------------------------
-    def admitted_pods(self, objs: list[Obj]) -> list[Obj]:
-        """The rendered pods merged with the admission. A flavor that contradicts the pods
-        creates none of them (and says so): the job's nodeSelector must agree with it."""
+    def admitted_pods(self, objs: Pods) -> Pods | None:
+        """The rendered pods merged with the admission (as each is rendered). A flavor that
+        contradicts the pods creates none of them (and says so; None): the job's nodeSelector
+        must agree with it. What the merge reads (nodeSelector, tolerations, labels) is the same
+        on every pod of the gang, so the first pod shows a conflict for all."""
         state = self.state
         if state is None or state.phase is not WorkloadPhase.ADMITTED:
             return objs
+        flavors = self.q.flavors
         try:
             assignment = state.assignment(kueue.PODSET_TRAINER)
             updates = state.updates_for(assignment.name)
             tas = state.tas_for(assignment.name)
-            merged = [
-                kueue.admission_pod_patch(o, assignment, self.q.flavors, updates, tas) for o in objs
-            ]
+
+            def patch(o: Obj) -> Obj:
+                return kueue.admission_pod_patch(o, assignment, flavors, updates, tas)
+
+            if len(objs):
+                patch(objs[0])
         except KueueError as exc:
             message = f"cannot create the admitted pods: {exc}"
             if self.host.cond(C.PODS_SCHEDULED, False, Reason.ADMISSION_CONFLICT, message):
                 self.host.event(EventType.WARNING, Reason.ADMISSION_CONFLICT, message)
-            return []
-        return merged
+            return None
+        return objs.patched(patch)
 
     # --- after everything --------------------------------------------------------------------
     def settle(self, pods: list[PodView], current: list[PodView]) -> WorkloadActions:
@@ -290,6 +309,9 @@ class Queueing:
         raw, state, st = self.q.workload, self.state, self.st
         if raw is None or state is None or state.phase is WorkloadPhase.FINISHED:
             return self.actions
+        ours = controller_uid(raw.get("metadata")) == self.uid and self.uid is not None
+        if not ours and self.actions.adopt is None:
+            return self.actions  # not the job's (a prebuilt Workload of another): never written
         self.actions.workload = state.name
         if st.phase in (Phase.SUCCEEDED, Phase.FAILED):
             ended = _condition(st, str(st.phase))

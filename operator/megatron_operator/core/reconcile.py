@@ -26,7 +26,7 @@ The same machine drives `mjob run --local`, over process groups instead of pods.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,7 +35,7 @@ from megatron_contract.ladder import Report
 from megatron_operator.api import FieldError, MegatronJob, MegatronJobSpec, SpecError, load_job
 from megatron_operator.api.status import ConditionType, EventType, Phase, Reason, Rung
 from megatron_operator.api.transitions import check_update
-from megatron_operator.core import churn, ladder
+from megatron_operator.core import accounting, churn, ladder
 from megatron_operator.core import defaults as job_defaults
 from megatron_operator.core.conditions import reason_of, set_condition, since
 from megatron_operator.core.failures import (
@@ -59,13 +59,18 @@ from megatron_operator.core.policy import (
     first_failure,
 )
 from megatron_operator.core.queueing import Queueing, QueueWorld, WorkloadActions
-from megatron_operator.core.render import children, pod, recorded_spec
+from megatron_operator.core.render import Pods, children, recorded_spec
 
 Obj = dict[str, Any]
 C = ConditionType
 CONFLICT_RETRY_SECONDS = 15.0
 REJECTED = "the apiserver rejected the pods rendered from it:"  # look again for the conflicting object to be gone
 CLOCK_SKEW_SECONDS = 60.0  # how far ahead of ours a pod's clock may be
+OWN_NAMESPACE = (
+    "{} is the operator's own namespace: it holds the operator's keys (the claim seal, the "
+    "metrics TLS key), which a job's pods could mount; create the job in a namespace the "
+    "operator watches for jobs"
+)
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,8 @@ class Settings:
     # its quota (the shell's --kueue off, or auto without Kueue).
     without_kueue: bool = False
     require_queue: bool = False  # a job must name a LocalQueue (--require-queue-label)
+    # The operator's own namespace ($POD_NAMESPACE): its keys live there, so it takes no job.
+    own_namespace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -124,8 +131,10 @@ class Outcome:
     # Pods already being deleted on a lost node: only a delete with no grace period removes them
     # (their kubelet is gone), and the next attempt waits for them.
     force_delete: list[str] = field(default_factory=list)
-    # Objects to create, in order: the job's other children (get-or-create), then its pods.
+    # Objects to create, in order: the job's other children (get-or-create), then its pods,
+    # which are rendered one at a time as the create calls read them (core/render.Pods).
     create: list[Obj] = field(default_factory=list)
+    pods: Pods | None = None
     delete_job: bool = False
     requeue_after: float = 60.0
     restart_reason: str | None = None  # for the restarts_total metric
@@ -134,8 +143,8 @@ class Outcome:
     workload: WorkloadActions | None = None  # Kueue Workload writes (queued jobs only)
 
     @property
-    def create_pods(self) -> list[Obj]:
-        return [o for o in self.create if o["kind"] == "Pod"]
+    def create_pods(self) -> Sequence[Obj]:
+        return self.pods if self.pods is not None else []
 
 
 def _strip(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -143,7 +152,10 @@ def _strip(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _validate(
-    world: World, phase: Phase | None, defaults: Mapping[str, Any] | None = None
+    world: World,
+    phase: Phase | None,
+    defaults: Mapping[str, Any] | None = None,
+    own_namespace: str | None = None,
 ) -> tuple[MegatronJob | None, Plan | None, list[FieldError]]:
     doc = _strip(world.job)
     if defaults and isinstance(doc.get("spec"), Mapping):
@@ -153,6 +165,8 @@ def _validate(
         p = plan(job.spec)
     except SpecError as exc:
         return None, None, exc.errors
+    if own_namespace is not None and job.namespace == own_namespace:
+        return None, None, [FieldError("metadata.namespace", OWN_NAMESPACE.format(own_namespace))]
     if world.accepted_spec is not None:
         try:
             old = MegatronJobSpec.model_validate(dict(world.accepted_spec))
@@ -188,7 +202,10 @@ class _Machine:
         )
         # Only the job's own pods: a foreign pod with our label is never counted or deleted.
         self.pods = [p for p in world.pods if self.mine(p)]
-        self.queue = Queueing(world.queue, self, world.now) if world.queue is not None else None
+        uid = (world.job.get("metadata") or {}).get("uid")
+        self.queue = (
+            Queueing(world.queue, self, world.now, uid) if world.queue is not None else None
+        )
         # Finished, or suspended with every pod gone: nothing happens until the job changes, so
         # no resync either (only its deadlines, e.g. the TTL). The shell ends the job's loop.
         self.quiet = False
@@ -291,7 +308,7 @@ class _Machine:
         problems = self.resolve_defaults()
         merged = job_defaults.recorded_spec(self.st.defaults)
         self.platform = job_defaults.platform(merged)
-        job, p, errors = _validate(self.w, self.st.phase, merged)
+        job, p, errors = _validate(self.w, self.st.phase, merged, self.s.own_namespace)
         if problems:
             job, p, errors = None, None, problems
         if self.w.rejection is not None:
@@ -652,16 +669,20 @@ class _Machine:
         if any(x.active for x in stale):
             # An older attempt's live pod holds the same hostname (MASTER_ADDR) until it stops.
             return
-        # Only the pods to create are rendered: a huge job never sits in memory whole.
-        created = [pod(job, p, r, n, self.platform) for r in missing]
-        if self.queue is not None:
+        # Only the pods to create are rendered, each when its create call reads it: a huge job
+        # never sits in memory whole.
+        created: Pods | None = Pods(job, p, missing, n, platform=self.platform)
+        if self.queue is not None and created is not None:
             created = self.queue.admitted_pods(created)
-        made = children(job, p, isolate=isolate, platform=self.platform)
-        self.out.create = [*made, *created] if created else []
+        if created:
+            self.out.create, self.out.pods = (
+                children(job, p, isolate=isolate, platform=self.platform),
+                created,
+            )
 
     def blocked(self, conflict: str) -> None:
         """A child's name is taken by someone else's object: create nothing, and say so once."""
-        self.out.create = []
+        self.out.create, self.out.pods = [], None
         self.deadlines.append(self.now + timedelta(seconds=CONFLICT_RETRY_SECONDS))
         if self.cond(C.CHILDREN_OWNED, False, Reason.CHILD_CONFLICT, conflict[:1000]):
             self.event(EventType.WARNING, Reason.CHILD_CONFLICT, conflict)
@@ -989,13 +1010,16 @@ class _Machine:
     def done(self) -> Outcome:
         if self.queue is not None:
             self.out.workload = self.queue.settle(self.w.pods, self.current) or None
+        # The goodput ledger: this reconcile's facts, on the status write it makes anyway.
+        old = self.w.job.get("status")
+        accounting.settle(old, self.st, self.now, self.w.job, self.w.lease, self.current)
         self.out.status = self.st.to_raw()
         soonest = min(self.deadlines, default=None)
         wait = math.inf
         if soonest is not None:
             wait = max((soonest - self.now).total_seconds(), 0.0) + 0.05
             self.out.requeue_after = min(self.out.requeue_after, wait)
-        busy = self.out.delete_pods or self.out.create or self.out.force_delete
+        busy = self.out.delete_pods or self.out.create or self.out.pods or self.out.force_delete
         if self.quiet and not busy:
             self.out.requeue_after = wait if soonest is not None else math.inf
         if busy:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import Any, overload
 
 from megatron_contract import env as contract_env
 from megatron_contract import paths
@@ -43,6 +43,7 @@ from megatron_operator.core.names import (
     MASTER_NODE_RANK,
     SPEC_KEY,
     config_map_name,
+    coordinator_secret_name,
     hostname,
     master_addr,
     network_policy_name,
@@ -52,7 +53,7 @@ from megatron_operator.core.names import (
     service_name,
     trainer_account_name,
 )
-from megatron_operator.core.overlay import overlay
+from megatron_operator.core.overlay import overlay, prepared
 from megatron_operator.core.planner import Plan
 from megatron_operator.core.trainer_config import checkpoint_dir, trainer_config
 
@@ -185,6 +186,18 @@ def pvc(job: MegatronJob) -> Obj | None:
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}
 
 
+def coordinator_secret(job: MegatronJob) -> Obj:
+    """The Secret of the job's coordinator key. Rendered without the key: the operator's shell
+    generates it when it creates the Secret (once: an existing Secret of the job is kept, as
+    its running pods mount it). `mjob render` shows it so."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(job, coordinator_secret_name(job.name)),
+        "type": "Opaque",
+    }
+
+
 def progress_lease(job: MegatronJob) -> Obj:
     """The Lease rank 0 writes its progress record to (docs/contract.md §4). Its renewTime is
     the heartbeat of the hang rule; the operator only creates it, the trainer only updates it."""
@@ -265,11 +278,13 @@ def _env(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> list[Obj
         **_layout_env(job, plan),
         e.RESTART_STRATEGY: restart_strategy(job),
         e.COORDINATOR_PORT: str(DEFAULT_COORDINATOR_PORT),
+        e.COORDINATOR_KEY_FILE: paths.COORDINATOR_KEY_PATH,
     }
     env: list[Obj] = [{"name": k, "value": v} for k, v in plain.items()]
     env += [
         {"name": e.POD_NAME, "valueFrom": field("metadata.name")},
         {"name": e.POD_NAMESPACE, "valueFrom": field("metadata.namespace")},
+        {"name": e.POD_IP, "valueFrom": field("status.podIP")},
     ]
     env += [{"name": k, "value": v} for k, v in network.env(job.spec).items()]
     env += [{"name": e.name, "value": e.value} for e in job.spec.env]
@@ -376,6 +391,25 @@ def _volumes(job: MegatronJob) -> tuple[list[Obj], list[Obj]]:
         {"name": paths.VOLUME_CONFIG, "configMap": {"name": config_map_name(job.name)}}
     ]
     mounts: list[Obj] = [{"name": paths.VOLUME_CONFIG, "mountPath": CONFIG_MOUNT, "readOnly": True}]
+    # The coordinator key: only the job's own pods mount it (the trainer's ServiceAccount cannot
+    # read Secrets), so only its launchers can join its coordinator.
+    volumes.append(
+        {
+            "name": paths.VOLUME_COORDINATOR,
+            "secret": {
+                "secretName": coordinator_secret_name(job.name),
+                "items": [{"key": paths.COORDINATOR_KEY, "path": paths.COORDINATOR_KEY}],
+                "defaultMode": 0o440,
+            },
+        }
+    )
+    mounts.append(
+        {
+            "name": paths.VOLUME_COORDINATOR,
+            "mountPath": paths.COORDINATOR_KEY_MOUNT,
+            "readOnly": True,
+        }
+    )
     if c.volume is not None:
         claim = c.volume.claim_name or pvc_name(job.name)
         volumes.append(
@@ -495,9 +529,16 @@ def _pod_security(platform: Platform) -> Obj:
 
 
 def pod(
-    job: MegatronJob, plan: Plan, node_rank: int, attempt: int, platform: Platform = _PLATFORM
+    job: MegatronJob,
+    plan: Plan,
+    node_rank: int,
+    attempt: int,
+    platform: Platform = _PLATFORM,
+    template: Obj | None = None,
 ) -> Obj:
-    """One node's pod, with spec.template laid over it (core/overlay.py)."""
+    """One node's pod, with spec.template laid over it (core/overlay.py; `template` is
+    `overlay.prepared(job.spec.template)` when the caller holds it). The template's parts are
+    shared with the job's other pods: read-only."""
     s = job.spec
     volumes, mounts = _volumes(job)
     caps: Obj = {"drop": ["ALL"]}
@@ -563,21 +604,99 @@ def pod(
         ANNOTATION_RESTART_STRATEGY: restart_strategy(job),
     }
     rendered = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
-    return overlay(rendered, s.template)
+    return overlay(rendered, s.template, template)
 
 
 def pods(job: MegatronJob, plan: Plan, attempt: int, platform: Platform = _PLATFORM) -> list[Obj]:
-    return [pod(job, plan, n, attempt, platform) for n in range(plan.nodes)]
+    return list(Pods(job, plan, range(plan.nodes), attempt, platform=platform))
+
+
+class Pods(Sequence[Obj]):
+    """Pods of one attempt, rendered one at a time as they are read: the creates of a 1,024-pod
+    gang read them batch by batch (cluster/kube.py), so the gang is never in memory whole, and
+    every pod shares the one prepared template. Names need no rendering. `patch` is applied to
+    each pod as it is rendered (the Kueue admission)."""
+
+    def __init__(
+        self,
+        job: MegatronJob,
+        plan: Plan,
+        ranks: Sequence[int],
+        attempt: int,
+        patch: Callable[[Obj], Obj] | None = None,
+        template: Obj | None = None,
+        platform: Platform = _PLATFORM,
+    ) -> None:
+        self.job, self.plan, self.ranks, self.attempt, self.patch = job, plan, ranks, attempt, patch
+        self.platform = platform
+        if template is None and job.spec.template is not None:
+            template = prepared(job.spec.template)
+        self.template = template
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    @overload
+    def __getitem__(self, index: int) -> Obj: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Pods: ...
+
+    def __getitem__(self, index: int | slice) -> Obj | Pods:
+        if isinstance(index, slice):
+            return self._with(self.ranks[index])
+        obj = pod(
+            self.job, self.plan, self.ranks[index], self.attempt, self.platform, self.template
+        )
+        return self.patch(obj) if self.patch is not None else obj
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, tuple, Pods)):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Pods({self.job.name}, attempt {self.attempt}, ranks {list(self.ranks)})"
+
+    def _with(self, ranks: Sequence[int], patch: Callable[[Obj], Obj] | None = None) -> Pods:
+        return Pods(
+            self.job,
+            self.plan,
+            ranks,
+            self.attempt,
+            patch or self.patch,
+            self.template,
+            self.platform,
+        )
+
+    @property
+    def names(self) -> list[str]:
+        return [pod_name(self.job.name, r, self.attempt) for r in self.ranks]
+
+    def without(self, names: Collection[str]) -> Pods:
+        """These pods but those named."""
+        return self._with(
+            [r for r, n in zip(self.ranks, self.names, strict=True) if n not in names]
+        )
+
+    def patched(self, patch: Callable[[Obj], Obj]) -> Pods:
+        """These pods, each with `patch` applied (after any patch they had)."""
+        before = self.patch
+        return self._with(self.ranks, patch if before is None else lambda o: patch(before(o)))
 
 
 def children(
     job: MegatronJob, plan: Plan, *, isolate: bool = False, platform: Platform = _PLATFORM
 ) -> list[Obj]:
-    """The children other than pods, in creation order: identity, progress Lease, config,
-    Service, claim, and with `isolate` the NetworkPolicy (the operator's --network-policy)."""
+    """The children other than pods, in creation order: identity, progress Lease, coordinator
+    key, config, Service, claim, and with `isolate` the NetworkPolicy (the operator's
+    --network-policy)."""
     objs: list[Obj] = [
         *trainer_rbac(job, platform),
         progress_lease(job),
+        coordinator_secret(job),
         config_map(job, plan),
         service(job),
     ]
@@ -615,8 +734,7 @@ def render_iter(
     """`render`, one object at a time: `mjob render` of a 4,096-pod job writes each pod as it is
     rendered instead of holding them all (and their YAML) in memory."""
     yield from children(job, plan, isolate=isolate, platform=platform)
-    for n in range(plan.nodes):
-        yield pod(job, plan, n, attempt, platform)
+    yield from Pods(job, plan, range(plan.nodes), attempt, platform=platform)
 
 
 def as_list(objs: list[Obj]) -> Obj:

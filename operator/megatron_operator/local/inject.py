@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from dataclasses import dataclass
 
 from megatron_contract.procname import rank_of_comm
@@ -16,6 +18,10 @@ class Injection:
     rank: int = 0
     signal: int = signal.SIGKILL
     fired: bool = False
+    fired_at: float | None = None  # Unix time the signal was sent
+    # Unix time the rank's process was gone (the true failure time: a rank in the middle of a
+    # write can outlive its SIGKILL by seconds), once seen; polled from a thread.
+    died_at: float | None = None
 
     def describe(self) -> str:
         return f"{signal.Signals(self.signal).name} to rank {self.rank} at step {self.step}"
@@ -100,7 +106,9 @@ def rank_pids(roots: list[int]) -> dict[int, int]:
             try:
                 forked = rank_of_comm(child.name())
                 if forked is not None:
-                    found.setdefault(forked, child.pid)
+                    # Its own forks (a sync save's writers) carry the name too, one level down.
+                    if child.ppid() == root:
+                        found.setdefault(forked, child.pid)
                     continue
                 cmd = child.cmdline()
                 rank = child.environ().get("RANK")
@@ -129,4 +137,20 @@ def fire(injection: Injection, roots: list[int]) -> bool:
     except ProcessLookupError:
         return False
     injection.fired = True
+    injection.fired_at = time.time()
+    threading.Thread(target=_watch, args=(injection, pid), daemon=True).start()
     return True
+
+
+def _watch(injection: Injection, pid: int, timeout: float = 600.0) -> None:
+    """Record when the signalled rank's process is gone (psutil polls a process that is not
+    our child every few milliseconds)."""
+    import psutil
+
+    try:
+        psutil.Process(pid).wait(timeout)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        return
+    injection.died_at = time.time()

@@ -16,6 +16,7 @@ from typing import Any
 
 from megatron_contract.env import (
     CONFIG,
+    COORDINATOR_KEY_FILE,
     COORDINATOR_PORT,
     MASTER_ADDR,
     MASTER_PORT,
@@ -29,6 +30,7 @@ from megatron_contract.env import (
 from megatron_contract.paths import (
     CHECKPOINT_MOUNT,
     CONFIG_KEY,
+    CONTAINER_NAME,
     DATA_MOUNT,
     INIT_MOUNT,
     LAUNCHER_ZIPAPP,
@@ -78,6 +80,12 @@ class Layout:
     def launcher(self) -> Path:
         """The launcher zipapp a trainer.command's pods run (built once per run)."""
         return self.workdir / "launcher.pyz"
+
+    @property
+    def coordinator_key(self) -> Path:
+        """The run's coordinator key (a Secret in a cluster): only this user may read it, so no
+        other process on the machine can join the run's coordinator on loopback."""
+        return self.workdir / "coordinator.key"
 
     @property
     def scratch(self) -> Path:
@@ -155,17 +163,28 @@ HOST_CODE_NAMES = frozenset(
 )
 
 
+def _loads_code(name: str) -> bool:
+    return name.upper() in HOST_CODE_NAMES or name.upper().startswith(HOST_CODE_PREFIXES)
+
+
 def host_env_problems(spec: MegatronJobSpec) -> list[FieldError]:
-    """The spec.env entries that would load code on this host under `mjob run --local`."""
+    """The env entries that would load code on this host under `mjob run --local`: spec.env's,
+    and the template's trainer container's (merged into the same environment)."""
+    named = [(f"spec.env[{i}].name", e.name) for i, e in enumerate(spec.env)]
+    pod = spec.template.spec if spec.template is not None else None
+    for c, container in enumerate(pod.containers or [] if pod is not None else []):
+        if container.name == CONTAINER_NAME:
+            where = f"spec.template.spec.containers[{c}].env"
+            named += [(f"{where}[{i}].name", e.name) for i, e in enumerate(container.env or [])]
     return [
         FieldError(
-            f"spec.env[{i}].name",
-            f"{e.name} makes a local process load code from where it points, and `mjob run "
+            path,
+            f"{name} makes a local process load code from where it points, and `mjob run "
             "--local` runs on this machine: remove it, or pass --trust-env if you wrote this "
             "file yourself",
         )
-        for i, e in enumerate(spec.env)
-        if e.name.upper() in HOST_CODE_NAMES or e.name.upper().startswith(HOST_CODE_PREFIXES)
+        for path, name in named
+        if _loads_code(name)
     ]
 
 
@@ -196,6 +215,7 @@ def local_pods(
                 MASTER_ADDR: "127.0.0.1",
                 MASTER_PORT: str(port),
                 COORDINATOR_PORT: str(coordinator_port),
+                COORDINATOR_KEY_FILE: str(layout.coordinator_key),
                 CONFIG: str(layout.config),
                 PROGRESS_FILE: str(layout.progress),
                 STATUS_FILE: str(layout.status),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -130,6 +131,9 @@ class LocalRunner:
         self.progress = ProgressLog(layout.progress)
         self.stop_signal: int | None = None
         self.started = time.monotonic()
+        # The job's creation, as the apiserver would stamp it: the start of its wall time (the
+        # goodput ledger's), to the microsecond here.
+        self.created = datetime.now(UTC)
         self.pods: dict[str, Running] = {}
         self.restart_iterations: list[int] = []
         self.master_port = 0  # the gang's first rendezvous port and its coordinator's port
@@ -143,6 +147,7 @@ class LocalRunner:
                 "namespace": job.namespace,
                 "uid": job.metadata.uid,
                 "generation": 1,
+                "creationTimestamp": self.created.isoformat().replace("+00:00", "Z"),
             },
             "spec": job.spec.to_api(),
             "status": {},
@@ -169,6 +174,7 @@ class LocalRunner:
 
     def _run(self) -> Result:
         self.layout.checkpoints.mkdir(parents=True, exist_ok=True)
+        write_key(self.layout.coordinator_key)
         self.progress.read_new()  # skip reports of an earlier run in this workdir
         for stale in (self.layout.status, self.layout.report):  # an earlier run's decisions
             stale.unlink(missing_ok=True)
@@ -220,7 +226,7 @@ class LocalRunner:
                 r.log.close()
                 del self.pods[r.name]
         if out.create_pods:
-            self._start(out.create, attempt)
+            self._start([*out.create, *out.create_pods], attempt)
         elif any(o["kind"] == "ConfigMap" for o in out.create):  # released in place
             self._write_config(out.create)
 
@@ -360,6 +366,20 @@ class LocalRunner:
             "checkpointDir": str(ckpt_dir),
             "tensorboardDir": f"{ckpt_dir}/tensorboard",
             "finishedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            # Where the wall time went (the operator's goodput ledger, as in status.ledger),
+            # and the failures injected, with when they were sent.
+            "ledger": self.doc["status"].get("ledger"),
+            "injections": [
+                {
+                    "step": i.step,
+                    "rank": i.rank,
+                    "signal": i.signal,
+                    "at": i.fired_at,
+                    "diedAt": i.died_at,
+                }
+                for i in self.injections
+                if i.fired
+            ],
         }
         if plot_losses(
             self.layout.loss_plot, losses, result.restart_iterations, f"{self.job.name} (local)"
@@ -384,6 +404,15 @@ def _read(path: Path) -> str | None:
         return path.read_text(encoding="utf-8")
     except OSError:
         return None
+
+
+def write_key(path: Path) -> None:
+    """A fresh coordinator key for this run, readable by this user only (created so: never a
+    moment with wider permissions)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_bytes(32))
 
 
 def _write_atomically(path: Path, text: str) -> None:

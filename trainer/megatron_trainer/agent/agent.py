@@ -30,7 +30,16 @@ from megatron_contract.ladder import DECISION_TIMEOUT_SECONDS
 
 from .coordinator import now_text
 from .ranks import Ranks
-from .wire import Conn, ProtocolError, count
+from .wire import (
+    Conn,
+    ProtocolError,
+    count,
+    hello_mac,
+    is_nonce,
+    nonce,
+    same,
+    welcome_mac,
+)
 
 if TYPE_CHECKING:
     from .wire import Message
@@ -53,6 +62,7 @@ class Agent:
         nproc: int,
         address: tuple[str, int],
         ranks: Ranks,
+        key: bytes,
         wake_fd: int | None = None,
         on_wake: Callable[[], None] | None = None,
         say: Callable[[str], None] | None = None,
@@ -60,6 +70,13 @@ class Agent:
         self.node, self.pod, self.nproc = node, pod, nproc
         self.address = address
         self.ranks = ranks
+        self.key = key
+        # The handshake of the current connection (wire.py): the coordinator's challenge, our
+        # nonce, and whether the coordinator proved it holds the key.
+        self.challenge: str | None = None
+        self.own_nonce = ""
+        self.welcomed = False
+        self.held: list[Message] = []  # sent before the hello could be: they follow it
         self.wake_fd = wake_fd
         self.on_wake = on_wake
         self.say = say or (lambda text: log.warning("%s", text))
@@ -87,7 +104,8 @@ class Agent:
     def run(self) -> int:
         code = self._loop()
         # Leaving on purpose (done, stopped, or giving up): not a launcher lost to the gang.
-        self._send({"op": "bye", "code": code})
+        if self.challenge is not None:
+            self._send({"op": "bye", "code": code})
         if self.conn is not None:
             self.conn.flush()
         return code
@@ -151,14 +169,44 @@ class Agent:
         self.address = (str(sock.getpeername()[0]), self.address[1])
         self.conn = Conn(sock)
         self.selector.register(self.conn, selectors.EVENT_READ, "coordinator")
+        self.challenge, self.welcomed, self.held = None, False, []  # hello after the challenge
+
+    def _hello(self, m: Message) -> None:
+        challenge = m.get("nonce")
+        if self.challenge is not None or not is_nonce(challenge):
+            raise ProtocolError("a bad challenge")
+        assert isinstance(challenge, str)
+        self.challenge, self.own_nonce = challenge, nonce()
+        hello: Message = {
+            "op": "hello",
+            "node": self.node,
+            "pod": self.pod,
+            "epoch": self.epoch,
+            "nonce": self.own_nonce,
+        }
+        hello["mac"] = hello_mac(self.key, challenge, hello)
+        self._send(hello)
+        held, self.held = self.held, []
+        for message in held:
+            self._send(message)
+
+    def _welcome(self, m: Message) -> None:
+        if self.challenge is None or self.welcomed:
+            raise ProtocolError("an unexpected welcome")
+        if not same(m.get("mac"), welcome_mac(self.key, self.challenge, self.own_nonce)):
+            raise ProtocolError("a welcome without the job's key: not our coordinator")
+        self.welcomed = True
         self.connect_failures = 0
         self.connected_once = True
         self.lost_since = None
-        self._send({"op": "hello", "node": self.node, "pod": self.pod, "epoch": self.epoch})
 
     def _send(self, message: Message) -> None:
-        """Queue a message; what the socket does not take now is flushed by the loop."""
+        """Queue a message; what the socket does not take now is flushed by the loop. Until
+        the hello is out (it answers the challenge), messages wait behind it."""
         if self.conn is None:
+            return
+        if self.challenge is None and message.get("op") != "hello":
+            self.held.append(message)
             return
         self.conn.send(message)
         if self.conn.closed:
@@ -181,12 +229,31 @@ class Agent:
                 self.selector.unregister(self.conn)
             self.conn.close()
         self.conn = None
+        if not self.welcomed:
+            # Refused before the handshake ended (our node rank still held by our own dropped
+            # connection, or not our coordinator): back off as after a failed connect.
+            self.connect_failures += 1
+            self.next_connect = time.monotonic() + min(
+                0.05 * 2 ** min(self.connect_failures, 5), 1.0
+            )
+            if self.connect_failures in (20, 100) or self.connect_failures % 600 == 0:
+                self.say("the coordinator keeps refusing this launcher; retrying")
+            return
+        self.welcomed = False
         self.lost_since = time.monotonic()
         self.next_connect = time.monotonic() + 0.05
         self.say("lost the connection to the coordinator; reconnecting")
 
     def _handle(self, m: Message) -> None:
         op = m.get("op")
+        if op == "challenge":
+            self._hello(m)
+            return
+        if op == "welcome":
+            self._welcome(m)
+            return
+        if not self.welcomed:
+            raise ProtocolError(f"{op!r} before the handshake")
         attempt = count(m, "attempt")
         if attempt is None:
             raise ProtocolError(f"no attempt in {m!r}")
@@ -231,6 +298,7 @@ class Agent:
                     self.say(f"every rank of attempt {self.epoch} finished")
                     return int(ExitCode.OK)
                 continue
+            exited = now_text()  # when it was reaped: before the others are stopped (seconds)
             then = "waiting for the operator's decision" if self.in_place else "ending the pod"
             self.say(
                 f"local rank {local} of attempt {self.epoch} exited with {code}; stopping the "
@@ -243,7 +311,7 @@ class Agent:
                 return code
             self.failure = (code, time.monotonic())
             self._send(
-                {"op": "failed", "epoch": epoch, "local": local, "code": code, "time": now_text()}
+                {"op": "failed", "epoch": epoch, "local": local, "code": code, "time": exited}
             )
             self._send({"op": "stopped"})
         return None

@@ -11,6 +11,12 @@ On a decision it tells every launcher running an older attempt to stop; once the
 released and every node rank is connected with nothing running (the barrier), it tells all of
 them to start it, on a fresh rendezvous port. One thread, one `selectors` loop: at 4,096
 launchers a decision is 4,096 small writes on connections that are already open.
+
+Its port is reachable by other tenants' pods, so only a launcher that proves it holds the job's
+key joins (wire.py): a connection is challenged at once, closed if it has not said a valid hello
+within HELLO_TIMEOUT_SECONDS, and at most MAX_PENDING such connections are kept (the oldest goes
+when another arrives). A node rank is held by one connection: a second hello for it is refused
+while the first is open (TCP keepalive closes one whose peer vanished within ~30 s).
 """
 
 from __future__ import annotations
@@ -40,12 +46,26 @@ from megatron_contract.ladder import (
 from megatron_contract.ports import free_port
 
 from .sources import Sink, Source
-from .wire import Conn, ProtocolError, count
+from .wire import (
+    HELLO_TIMEOUT_SECONDS,
+    MAX_PENDING,
+    Conn,
+    ProtocolError,
+    count,
+    hello_mac,
+    is_nonce,
+    nonce,
+    same,
+    welcome_mac,
+)
 
 if TYPE_CHECKING:
     from .wire import Message
 
 log = logging.getLogger(__name__)
+
+DROP_LOG_WINDOW_SECONDS = 60.0
+DROP_LOG_PER_WINDOW = 5
 
 # Failures and dropped launchers arrive in bursts (one rank dies, its peers lose it a moment
 # later): the report waits this long for the rest of the burst before it is written.
@@ -63,9 +83,24 @@ def raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+# A launcher whose pod vanished (its node lost) leaves a connection that is open on our side
+# only: keepalive probes close it within ~30 s, so its replacement's hello is not refused for long.
+KEEPALIVE = (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 4))
+
+
+def keepalive(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in KEEPALIVE:
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
 @dataclass
 class Client:
-    node: int | None = None  # None until its hello
+    challenge: str
+    since: float  # when it connected (monotonic): a hello is due within HELLO_TIMEOUT_SECONDS
+    node: int | None = None  # None until its valid hello
     pod: str = ""
     leaving: bool = False  # it said bye: its connection ending is no loss
     epoch: int | None = None  # the attempt its ranks run; None: no rank runs
@@ -83,8 +118,11 @@ class Coordinator:
         source: Source | None,
         sink: Sink,
         say: Callable[[str], None] | None = None,
+        *,
+        key: bytes,
     ) -> None:
         self.say = say or (lambda text: log.info("%s", text))
+        self.key = key
         self.nodes = nodes
         self.decided = attempt  # status.restartAttempt (the pod's own attempt until it is read)
         self.released = attempt  # the newest attempt whose ranks may start
@@ -95,6 +133,8 @@ class Coordinator:
         self.source = source
         self.sink = sink
         self.clients: dict[Conn, Client] = {}
+        self.pending: dict[Conn, None] = {}  # connected, no valid hello yet: oldest first
+        self.drops_since, self.drops_said, self.drops_unsaid = time.monotonic(), 0, 0
         self.by_node: dict[int, Conn] = {}
         self.lost: dict[int, LostLauncher] = {}
         self.failures: list[RankFailure] = []
@@ -105,7 +145,10 @@ class Coordinator:
         self.decisions: queue.SimpleQueue[tuple[int, str | None]] = queue.SimpleQueue()
         self.stopping = False
         raise_fd_limit()
-        self.listener = socket.create_server((bind, port), backlog=4096, reuse_port=False)
+        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        self.listener = socket.create_server(
+            (bind, port), family=family, backlog=4096, reuse_port=False
+        )
         self.listener.setblocking(False)
         self.port = int(self.listener.getsockname()[1])
         self.wake_r, self.wake_w = os.pipe()
@@ -142,9 +185,8 @@ class Coordinator:
     # --- the loop
     def serve(self) -> None:
         while not self.stopping:
-            timeout = None
-            if self.report_due is not None:
-                timeout = max(self.report_due - time.monotonic(), 0.0)
+            due = [d for d in (self.report_due, self._hello_due()) if d is not None]
+            timeout = max(min(due) - time.monotonic(), 0.0) if due else None
             for key, events in self.selector.select(timeout):
                 if key.data == "accept":
                     self._accept()
@@ -158,6 +200,7 @@ class Coordinator:
                     if events & selectors.EVENT_READ and not conn.closed:
                         self._read(conn)
                     self._watch_writes(conn)
+            self._expire(time.monotonic())
             while not self.decisions.empty():
                 self._decided(*self.decisions.get())
             self._act()
@@ -184,12 +227,28 @@ class Coordinator:
             except OSError as err:  # out of descriptors: drop this one, keep serving
                 log.warning("coordinator: accept failed: %s", err)
                 return
-            if len(self.clients) >= 2 * self.nodes + 16:
-                sock.close()  # more than any gang has: not ours
-                continue
+            if len(self.pending) >= MAX_PENDING:
+                self._gone(next(iter(self.pending)))  # the oldest: a launcher's hello takes ms
+            keepalive(sock)
             conn = Conn(sock)
-            self.clients[conn] = Client()
+            client = Client(challenge=nonce(), since=time.monotonic())
+            self.clients[conn] = client
+            self.pending[conn] = None
             self.selector.register(conn, selectors.EVENT_READ, "client")
+            self._send(conn, {"op": "challenge", "nonce": client.challenge})
+
+    def _hello_due(self) -> float | None:
+        """When the oldest connection without a hello is due to be closed."""
+        for conn in self.pending:  # in order of arrival
+            return self.clients[conn].since + HELLO_TIMEOUT_SECONDS
+        return None
+
+    def _expire(self, now: float) -> None:
+        while self.pending:
+            conn = next(iter(self.pending))
+            if now - self.clients[conn].since < HELLO_TIMEOUT_SECONDS:
+                return
+            self._gone(conn)
 
     def _watch_writes(self, conn: Conn) -> None:
         if conn not in self.clients:
@@ -205,12 +264,30 @@ class Coordinator:
             for message in conn.receive():
                 self._handle(conn, message)
         except ProtocolError as err:
-            log.warning("coordinator: dropping a connection: %s", err)
+            self._dropped(str(err))
             conn.close()
         if conn.closed:
             self._gone(conn)
 
+    def _dropped(self, why: str) -> None:
+        """Say why a connection was dropped: the first few a minute, then how many more (a
+        peer that reconnects in a loop must not flood the pod's log)."""
+        now = time.monotonic()
+        if now - self.drops_since >= DROP_LOG_WINDOW_SECONDS:
+            if self.drops_unsaid:
+                log.warning(
+                    "coordinator: dropped %d more connections in the last minute",
+                    self.drops_unsaid,
+                )
+            self.drops_since, self.drops_said, self.drops_unsaid = now, 0, 0
+        if self.drops_said < DROP_LOG_PER_WINDOW:
+            self.drops_said += 1
+            log.warning("coordinator: dropping a connection: %s", why)
+        else:
+            self.drops_unsaid += 1
+
     def _gone(self, conn: Conn) -> None:
+        self.pending.pop(conn, None)
         client = self.clients.pop(conn, None)
         if client is None:
             return
@@ -240,14 +317,22 @@ class Coordinator:
             node = count(m, "node", self.nodes - 1)
             pod = m.get("pod")
             if node is None or client.node is not None or not isinstance(pod, str):
-                raise ProtocolError(f"bad hello {m!r}")
+                raise ProtocolError("bad hello")
+            if not is_nonce(m.get("nonce")) or not same(
+                m.get("mac"), hello_mac(self.key, client.challenge, m)
+            ):
+                raise ProtocolError(f"a hello as node rank {node} without the job's key")
             older = self.by_node.get(node)
-            if older is not None and older is not conn:
-                self.clients.pop(older, None)
-                self.selector.unregister(older)
-                older.close()  # the same node rank again: the newer connection wins
+            if older is not None and older is not conn and not older.closed:
+                # Held by an open connection: a second hello is refused (never the newer one
+                # winning), so no peer can take a launcher's place.
+                raise ProtocolError(f"node rank {node} is already connected")
             client.node, client.pod, client.epoch = node, pod[:253], count(m, "epoch")
+            self.pending.pop(conn, None)
             self.by_node[node] = conn
+            self._send(
+                conn, {"op": "welcome", "mac": welcome_mac(self.key, client.challenge, m["nonce"])}
+            )
             if self.lost.pop(node, None) is not None:
                 self._report_soon(0.0)
             return

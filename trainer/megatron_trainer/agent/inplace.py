@@ -23,6 +23,7 @@ from .kubeapi import Api
 from .procs import become_subreaper
 from .ranks import RankProcesses
 from .sources import FileSink, JobWatch, LeaseSink, Sink, Source, StatusFile
+from .wire import read_key
 
 if TYPE_CHECKING:
     from .output import RankOutput
@@ -44,6 +45,25 @@ def loopback(addr: str) -> bool:
         return ipaddress.ip_address(addr).is_loopback
     except ValueError:
         return False
+
+
+def listen_address(env: RuntimeEnv) -> str:
+    """Where the coordinator listens: loopback locally, the pod's own IP in a cluster (not a
+    secondary network's interface), every interface only where the pod IP is unknown."""
+    if loopback(env.master_addr):
+        return env.master_addr
+    return env.pod_ip or ""
+
+
+def usable_key(env: RuntimeEnv) -> str | None:
+    """Why the job's coordinator key cannot be used (None: it can)."""
+    if env.coordinator_key_file is None:
+        return "no coordinator key file is given"
+    try:
+        read_key(env.coordinator_key_file)
+    except (OSError, ValueError) as err:
+        return f"the coordinator key cannot be read ({err})"
+    return None
 
 
 def decisions(env: RuntimeEnv) -> tuple[Source | None, Sink | None, str]:
@@ -78,12 +98,15 @@ def run(
     cold: set[int] | None = None,
     output: RankOutput | None = None,
 ) -> int:
+    if env.coordinator_key_file is None:
+        raise ValueError("the InPlace launcher needs the job's coordinator key file")
+    key = read_key(env.coordinator_key_file)
     become_subreaper()
     address = (env.master_addr, env.coordinator_port)
     coordinator: Coordinator | None = None
     if env.node_rank == COORDINATOR_NODE_RANK:
         source, sink, where = decisions(env)
-        bind = env.master_addr if loopback(env.master_addr) else ""
+        bind = listen_address(env)
         coordinator = Coordinator(
             env.nnodes,
             env.restart_attempt,
@@ -93,6 +116,7 @@ def run(
             source,
             sink or _NoSink(),
             say,
+            key=key,
         )
         coordinator.start()
         address = (bind or "127.0.0.1", coordinator.port)
@@ -112,6 +136,7 @@ def run(
         nproc=env.nproc_per_node,
         address=address,
         ranks=ranks,
+        key=key,
         wake_fd=wake_r,
         say=say,
     )

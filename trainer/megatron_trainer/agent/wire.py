@@ -1,24 +1,39 @@
 """Messages between the launchers and the coordinator: one JSON object per line, over TCP.
 
+Each side proves it holds the job's coordinator key (a Secret only the job's pods mount) before
+anything else: the coordinator sends a nonce as soon as a connection opens, the launcher answers
+with its hello, its own nonce and an HMAC-SHA256 over both nonces and the hello, and the
+coordinator answers with an HMAC over both nonces the other way round. Anything before that is
+refused; a connection that has not said a valid hello within HELLO_TIMEOUT_SECONDS is closed.
+
+Coordinator → launcher, first:
+    {"op": "challenge", "nonce": "<64 hex>"}
 Launcher → coordinator:
-    {"op": "hello", "node": 3, "pod": "job-a0-3", "epoch": null}   epoch: attempt its ranks run
+    {"op": "hello", "node": 3, "pod": "job-a0-3", "epoch": null,   epoch: attempt its ranks run
+     "nonce": "<64 hex>", "mac": "<64 hex>"}
     {"op": "failed", "epoch": 4, "local": 1, "code": 137, "time": "…"}
     {"op": "stopped"}                                              no rank of it runs any more
     {"op": "started", "epoch": 5}
     {"op": "bye", "code": 0}                                       leaving on purpose
 Coordinator → launcher:
+    {"op": "welcome", "mac": "<64 hex>"}         the coordinator holds the key too
     {"op": "stop", "attempt": 5}                 stop every rank of an older attempt
     {"op": "start", "attempt": 5, "port": 41234} start the ranks of attempt 5 (MASTER_PORT 41234)
 
 A connection that sends anything else, or a line over MAX_LINE bytes, is closed: the port is as
-reachable as the rendezvous store's, so what arrives is checked, never trusted.
+reachable as the rendezvous store's, so what arrives is checked, never trusted. The key proves
+membership; it does not encrypt: a peer that can read and write the pod network's packets in
+between (not another pod) could still take over an open connection.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import hmac
 import json
+import secrets
 import socket
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -26,6 +41,54 @@ from typing import TYPE_CHECKING, Any
 MAX_LINE = 4096
 if TYPE_CHECKING:  # for annotations only (the launcher runs on Python 3.8 too)
     Message = dict[str, Any]
+# Until a valid hello, a connection may not stay longer than this, and no more than MAX_PENDING
+# of them are kept (the oldest goes first): idle connections cannot crowd out the launchers.
+HELLO_TIMEOUT_SECONDS = 5.0
+MAX_PENDING = 32
+MIN_KEY_BYTES = 16
+NONCE_BYTES = 32
+
+
+def read_key(path: str) -> bytes:
+    """The job's coordinator key. Raises OSError or ValueError (too short to be a key)."""
+    with open(path, "rb") as f:
+        key = f.read(4096)
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"{path} holds {len(key)} bytes: not a key")
+    return key
+
+
+def nonce() -> str:
+    return secrets.token_hex(NONCE_BYTES)
+
+
+def is_nonce(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and len(value) == 2 * NONCE_BYTES
+        and all(c in "0123456789abcdef" for c in value)
+    )
+
+
+def mac(key: bytes, *parts: object) -> str:
+    """HMAC-SHA256 of the parts, each as its JSON, one per line (no part can run into the next)."""
+    text = "\n".join(json.dumps(p, separators=(",", ":")) for p in parts)
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+def hello_mac(key: bytes, challenge: str, message: Message) -> str:
+    """The launcher's proof: both nonces and what its hello claims."""
+    fields = [message.get(k) for k in ("node", "pod", "epoch")]
+    return mac(key, "hello", challenge, message.get("nonce"), *fields)
+
+
+def welcome_mac(key: bytes, challenge: str, launcher_nonce: str) -> str:
+    """The coordinator's proof: the same nonces, another label (never equal to a hello's)."""
+    return mac(key, "welcome", launcher_nonce, challenge)
+
+
+def same(a: object, b: str) -> bool:
+    return isinstance(a, str) and hmac.compare_digest(a.encode(), b.encode())
 
 
 class ProtocolError(Exception):

@@ -1,0 +1,106 @@
+"""The true timeline of a run, for checking its goodput ledger: the trainer's own step records
+(every step's record, with its process's clock: a local run's progress.jsonl, or rank 0's log on
+real kubelets) and the injector's log (a local run's summary.json `injections`, each with the
+time its signal was sent and the time the rank's process was gone, which can be seconds later for
+a rank in the middle of a write; or the time a test killed a container).
+
+Truth, with the definitions of docs/metrics.md: a step's time is the stretch between its record
+and the one before it in the same process (the first from the loop's start), less the blocking
+saves in between; it is productive the first time the run reaches the step and recomputed when a
+later attempt trains it again; and the work in flight when a rank is killed (from the process's
+last record to the kill) is recomputed. The ledger sees only what the operator sees (the newest
+record at each poll or Lease write, the launchers' report, the pods, its own decisions) and must
+agree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Truth:
+    productive: float
+    recomputed: float
+    save: float
+
+
+def truth(records: list[dict[str, Any]], kills: list[float]) -> Truth:
+    records = sorted(
+        (r for r in records if isinstance(r.get("clock"), dict)), key=lambda r: r["clock"]["now"]
+    )
+    productive = recomputed = save = 0.0
+    high = 0
+    # One process per (attempt, began): its records in time order.
+    processes: dict[tuple[int, float], list[dict[str, Any]]] = {}
+    for r in records:
+        processes.setdefault((r["attempt"], r["clock"]["began"]), []).append(r)
+    for recs in sorted(processes.values(), key=lambda rs: rs[0]["clock"]["now"]):
+        clock = recs[0]["clock"]
+        at, step, saved = clock["loop"], clock["start"], 0.0
+        for r in recs:
+            c = r["clock"]
+            stall = c["save"] - saved
+            rest = c["now"] - at - stall
+            steps = r["iteration"] - step
+            again = max(min(r["iteration"], high) - step, 0)
+            if steps > 0:
+                recomputed += rest * again / steps
+                productive += rest * (steps - again) / steps
+            elif step < high:
+                recomputed += rest
+            else:
+                productive += rest
+            save += stall
+            at, step, saved = c["now"], max(step, r["iteration"]), c["save"]
+            high = max(high, r["iteration"])
+    for kill in kills:  # the work in flight: from the killed process's last record to the kill
+        last = max(r["clock"]["now"] for r in records if r["clock"]["now"] <= kill)
+        recomputed += kill - last
+    return Truth(productive, recomputed, save)
+
+
+def compare(
+    ledger: dict[str, Any],
+    records: list[dict[str, Any]],
+    kills: list[float],
+    slack: float = 0.0,
+) -> dict[str, float]:
+    """The acceptance: ≥ 99 % of the wall time attributed to named causes, the goodput within
+    ±1 percentage point of the truth, recomputed seconds within ±5 % (or `slack` seconds, the
+    resolution of a failure time the ledger reads from the kubelet). Returns the figures."""
+    t = truth(records, kills)
+    seconds, wall = ledger["seconds"], ledger["wallSeconds"]
+    figures = {
+        "wall": wall,
+        "attributed": 1 - seconds.get("unattributed", 0.0) / wall,
+        "goodput": ledger["goodput"],
+        "true goodput": t.productive / wall,
+        "recomputed": seconds.get("recomputed", 0.0),
+        "true recomputed": t.recomputed,
+        "save": seconds.get("checkpointSave", 0.0),
+        "true save": t.save,
+    }
+    assert figures["attributed"] >= 0.99, figures
+    assert abs(figures["goodput"] - figures["true goodput"]) <= 0.01, figures
+    if t.recomputed > 0:
+        bound = max(0.05 * t.recomputed, slack)
+        assert abs(figures["recomputed"] - t.recomputed) <= bound, figures
+    return figures
+
+
+def check_ledger(workdir: Path, kills: list[float] | None = None) -> dict[str, float]:
+    """A local run's ledger (summary.json) against the truth, and its wall time against the
+    runner's own stopwatch."""
+    summary = json.loads((workdir / "summary.json").read_text())
+    if kills is None:
+        kills = [i["diedAt"] or i["at"] for i in summary["injections"]]
+    lines = (workdir / "progress.jsonl").read_text().splitlines()
+    figures = compare(summary["ledger"], [json.loads(x) for x in lines if x.strip()], kills)
+    figures["elapsed"] = summary["elapsedSeconds"]
+    # The wall time itself: from the run's start to its end, within the runner's own stopwatch.
+    assert figures["elapsed"] - 5 <= figures["wall"] <= figures["elapsed"] + 0.1, figures
+    return figures
