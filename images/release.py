@@ -1,17 +1,18 @@
 """Build a release into one directory, publishing nothing: the operator and trainer images as OCI
-archives, the Helm chart package and the launcher (the package's wheel), with their versions and
+archives, the Helm chart package and the launcher zipapp, with their versions and
 sha256 digests in `release.json`, and the commands that push them.
 
     python images/release.py                       # dist/: everything (buildah, docker or podman)
-    python images/release.py --skip-images         # the chart and the wheel only (seconds)
+    python images/release.py --skip-images         # the chart and the launcher only (seconds)
     python images/release.py --registry registry.example.com/ml --trainer-build-arg TORCH=cpu \\
         --trainer-build-arg BASE=python:3.11-slim-bookworm
 
 One version for everything (pyproject.toml, the chart's version and appVersion): the command
 refuses to build when they disagree. The images are tagged `<registry>/operator:<version>` and
 `<registry>/trainer:<version>`, the names the chart's defaults (image, trainerImage) point at with
-the default registry. The launcher is the wheel `pip install --no-deps` puts into any training
-image (docs/bring-your-own-code.md). Standard library only.
+the default registry. The launcher is the zipapp a trainer.command pod runs with its own image's
+python3 (the operator image carries the same file; docs/bring-your-own-code.md), for other
+schedulers (Slurm, enroot) too. Standard library only.
 """
 
 from __future__ import annotations
@@ -125,7 +126,9 @@ def push_commands(record: dict[str, Any], registry: str) -> list[str]:
     ]
     chart = record["chart"]["file"]
     lines.append(f"helm push {chart} oci://{registry}/charts")
-    lines.append(f"twine upload {record['launcher']['file']}   # or pip install it into an image")
+    # The operator image carries the launcher; the file is for other schedulers (Slurm,
+    # enroot): attach it to the release beside release.json, whose digest it must match.
+    lines.append(f"# attach {record['launcher']['file']} (sha256 {record['launcher']['digest']})")
     lines.append(
         f"# then: helm install megatron-operator oci://{registry}/charts/megatron-operator "
         f"--version {version} --set image.repository={registry}/operator "
@@ -152,11 +155,10 @@ def release(
     version = one_version()
     out.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"version": version, "images": {}}
-    # The build backend (setuptools) is the environment's: no download.
-    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
-    run([*pip, "--wheel-dir", str(out), "."])
-    (wheel,) = out.glob(f"megatron_operator-{version}-*.whl")
-    record["launcher"] = {"file": str(wheel), "digest": sha256(wheel)}
+    # The launcher zipapp, from this checkout's sources (megatron_operator/zipapp.py).
+    launcher = out / f"launcher-{version}.pyz"
+    run([sys.executable, "-m", "megatron_operator.cli.main", "launcher", "build", str(launcher)])
+    record["launcher"] = {"file": str(launcher), "digest": sha256(launcher)}
     run([helm, "package", str(CHART), "--destination", str(out)])
     chart = out / f"megatron-operator-{version}.tgz"
     record["chart"] = {"file": str(chart), "digest": sha256(chart), "version": version}
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "dist", help="directory (dist/)")
     parser.add_argument("--registry", default=DEFAULT_REGISTRY, help="the images' registry/path")
     parser.add_argument("--builder", choices=["buildah", "podman", "docker"], default=None)
-    parser.add_argument("--skip-images", action="store_true", help="the chart and wheel only")
+    parser.add_argument("--skip-images", action="store_true", help="the chart and launcher only")
     parser.add_argument(
         "--trainer-build-arg", action="append", default=[], metavar="KEY=VALUE",
         help="a build argument of Dockerfile.trainer (e.g. TORCH=cpu), repeatable",

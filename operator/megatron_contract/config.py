@@ -8,19 +8,27 @@ config field is one line here plus where its value comes from and where it is us
 
 JSON keys are the camelCase of the field names (`num_layers` → `numLayers`) unless a field names its
 own key (`async_save` → `async`). Every key is required; `X | None` fields may be null.
+
+The launcher reads this module inside any training image (the launcher zipapp, Python 3.8 and
+newer): the field types are read from the annotations' text (`_hints`), not with
+`typing.get_type_hints`, which cannot evaluate `X | None` or `tuple[X, ...]` before 3.10.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
 import dataclasses
 import json
 import math
 import os
-import types
-import typing
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Final, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+if TYPE_CHECKING:
+    from typing import Annotated  # novermin (not at run time)
 
 from megatron_contract.choices import (
     ACCELERATORS,
@@ -33,6 +41,7 @@ from megatron_contract.choices import (
     POSITION_EMBEDDINGS,
     PRECISIONS,
     PROFILERS,
+    PROGRESS_SOURCES,
     RECOMPUTE,
     ROPE_SCALING_TYPES,
     SHARDING_TYPES,
@@ -253,6 +262,7 @@ class CommandConfig:
 
     command: tuple[str, ...]
     args: tuple[str, ...]  # may be empty
+    progress: Annotated[str, Meta(choices=PROGRESS_SOURCES)]  # where its progress is read
 
 
 class _Placed:
@@ -317,17 +327,75 @@ class LaunchConfig(_Placed):
 _NO_META = Meta()
 
 
+class _Optional:
+    """`X | None` (not a dataclass: `dataclasses.is_dataclass` tells config sections apart)."""
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+
+class _Tuple:
+    """`tuple[X, ...]`."""
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+
+_FIELDS: dict[type, list[tuple[str, Any, Meta]]] = {}
+
+
 def _fields(cls: type) -> list[tuple[str, Any, Meta]]:
     """(name, type, Meta) of each field of a config dataclass, `Annotated` unwrapped."""
-    hints = typing.get_type_hints(cls, include_extras=True)
-    out = []
-    for f in dataclasses.fields(cls):
-        tp, meta = hints[f.name], _NO_META
-        if typing.get_origin(tp) is Annotated:
-            tp, *extras = typing.get_args(tp)
-            meta = next((e for e in extras if isinstance(e, Meta)), _NO_META)
-        out.append((f.name, tp, meta))
-    return out
+    if cls not in _FIELDS:
+        scope = vars(sys.modules[cls.__module__])
+        out = []
+        for f in dataclasses.fields(cls):
+            tp, meta = _hint(str(f.type), scope)
+            out.append((f.name, tp, meta))
+        _FIELDS[cls] = out
+    return _FIELDS[cls]
+
+
+def _hint(text: str, scope: dict[str, Any]) -> tuple[Any, Meta]:
+    """A field's annotation (its text, as `from __future__ import annotations` keeps it) as a
+    type: a class, `_Optional(type)` or `_Tuple(type)`; with the Meta of `Annotated[T, Meta]`."""
+    node = ast.parse(text, mode="eval").body
+    if isinstance(node, ast.Subscript) and _name(node.value) == "Annotated":
+        first, *extras = _subscript_items(node)
+        meta = _NO_META
+        for extra in extras:  # `Meta(...)` of this module's own source: evaluated as Python does
+            value = eval(compile(ast.Expression(extra), "<annotation>", "eval"), scope)
+            if isinstance(value, Meta):
+                meta = value
+        return _type(first, scope), meta
+    return _type(node, scope), _NO_META
+
+
+def _name(node: ast.AST) -> str | None:
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _subscript_items(node: ast.Subscript) -> list[ast.expr]:
+    inner: Any = node.slice
+    inner = getattr(inner, "value", inner) if type(inner).__name__ == "Index" else inner  # 3.8
+    return list(inner.elts) if isinstance(inner, ast.Tuple) else [inner]
+
+
+def _type(node: ast.expr, scope: dict[str, Any]) -> Any:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        sides = [node.left, node.right]
+        kept = [n for n in sides if not (isinstance(n, ast.Constant) and n.value is None)]
+        if len(kept) == 1:
+            return _Optional(_type(kept[0], scope))
+    elif isinstance(node, ast.Subscript) and _name(node.value) == "tuple":
+        items = _subscript_items(node)
+        if len(items) == 2 and isinstance(items[1], ast.Constant) and items[1].value is ...:
+            return _Tuple(_type(items[0], scope))
+    elif isinstance(node, ast.Name):
+        found = scope.get(node.id, getattr(builtins, node.id, None))
+        if isinstance(found, type):
+            return found
+    raise TypeError(f"the contract cannot read the annotation {ast.dump(node)}")  # a bug here
 
 
 def json_key(name: str, meta: Meta = _NO_META) -> str:
@@ -341,7 +409,7 @@ def to_json(obj: Any) -> Any:
     """A config dataclass (or a value inside one) as JSON-ready data with camelCase keys."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {json_key(n, m): to_json(getattr(obj, n)) for n, _, m in _fields(type(obj))}
-    if isinstance(obj, tuple | list):
+    if isinstance(obj, (tuple, list)):
         return [to_json(v) for v in obj]
     return obj
 
@@ -367,7 +435,7 @@ def _describe(value: Any) -> str:
         return "a boolean"
     if isinstance(value, str):
         return f"the string {value!r}"
-    if isinstance(value, int | float):
+    if isinstance(value, (int, float)):
         return f"the number {value}"
     if isinstance(value, list):
         return "a list"
@@ -416,20 +484,18 @@ class _Reader:
         return cls(**values) if ok else None
 
     def read_value(self, tp: Any, value: Any, path: str, meta: Meta) -> Any:
-        origin = typing.get_origin(tp)
-        if origin in (Union, types.UnionType):
-            args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if isinstance(tp, _Optional):
             if value is None:
                 return None
-            return self.read_value(args[0], value, path, meta)
+            return self.read_value(tp.item, value, path, meta)
         if value is None:
             self.fail(path, f"expected {_expected(tp)}, got null")
             return _MISSING
         if dataclasses.is_dataclass(tp):
             result = self.read_object(tp, value, path)  # type: ignore[arg-type]
             return _MISSING if result is None else result
-        if origin is tuple:
-            return self.read_tuple(typing.get_args(tp)[0], value, path, meta)
+        if isinstance(tp, _Tuple):
+            return self.read_tuple(tp.item, value, path, meta)
         if tp is bool:
             if not isinstance(value, bool):
                 self.fail(path, f"expected true or false, got {_describe(value)}")
@@ -441,7 +507,7 @@ class _Reader:
                 return _MISSING
             return self.bounded(value, path, meta, default_minimum=1)
         if tp is float:
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
                 self.fail(path, f"expected a number, got {_describe(value)}")
                 return _MISSING
             if not math.isfinite(value):

@@ -22,6 +22,15 @@ VOLUME_DATA: Final = "megatron-data"
 VOLUME_INIT: Final = "megatron-init"
 VOLUME_MSC_CONFIG: Final = "megatron-msc-config"  # checkpoint.msc.configSecret, at MSC_CONFIG_MOUNT
 VOLUME_SCRATCH: Final = "megatron-scratch"  # the emptyDir at SCRATCH_MOUNT (with checkpoint.url)
+# A trainer.command's pods run the launcher from the operator's image, not from the job's: an init
+# container of that image copies the launcher zipapp (megatron_operator/zipapp.py) into this
+# emptyDir, and the trainer container runs it with the image's own python3.
+VOLUME_LAUNCHER: Final = "megatron-launcher"
+INIT_CONTAINER_LAUNCHER: Final = "megatron-launcher"
+LAUNCHER_MOUNT: Final = "/opt/megatron-launcher"
+LAUNCHER_ZIPAPP: Final = f"{LAUNCHER_MOUNT}/launcher.pyz"
+# Where the operator image keeps its built copy (Dockerfile.operator, `mjob launcher build`).
+LAUNCHER_IN_OPERATOR_IMAGE: Final = "/opt/megatron-operator/launcher.pyz"
 MSC_CONFIG_MOUNT: Final = "/etc/megatron-msc"  # checkpoint.msc.configSecret's mount (read-only)
 SCRATCH_MOUNT: Final = "/var/tmp/megatron"  # an emptyDir for files bound for object storage
 # The job's coordinator key (a Secret the operator creates), read by the launchers only: the

@@ -229,6 +229,47 @@ def build_base(b: Buildah, ref: str, archive: Path, logfile: Path) -> None:
     push_archive(b, ref, archive)
 
 
+# Other Debian releases' Python, for the launcher's version test (tests/trainer/
+# test_launcher_zipapp.py): the launcher runs with whatever python3 a training image has.
+PYTHON_SUITES = {"bullseye": "3.9", "trixie": "3.13"}
+
+
+def python_root(suite: str) -> Path:
+    """A cached minbase root filesystem of `suite` with its python3 (made once, ~1 min), for
+    `chroot ROOT python3 ...`. Written aside and renamed, so a cached root is whole."""
+    if suite not in PYTHON_SUITES:
+        die(f"no Python root for {suite!r}; known: {', '.join(PYTHON_SUITES)}")
+    root = cache_dir().parent / "python-roots" / f"{suite}-{RECIPE}"
+    if (root / "usr" / "bin" / "python3").exists():
+        return root
+    require_tools("mmdebstrap")
+    with locked(root.parent / ".lock"):
+        if (root / "usr" / "bin" / "python3").exists():
+            return root
+        partial = root.with_name(root.name + ".partial")
+        subprocess.run(["rm", "-rf", str(partial)], check=False)
+        logfile = root.parent / f"{suite}.log"
+        log(f"mmdebstrap {suite} (minbase + python3) for the launcher's version test ...")
+        run_logged(
+            [
+                "mmdebstrap",
+                "--variant=minbase",
+                "--mode=root",
+                "--include=python3",
+                "--dpkgopt=path-exclude=/usr/share/man/*",
+                "--dpkgopt=path-exclude=/usr/share/doc/*",
+                "--dpkgopt=path-exclude=/usr/share/locale/*",
+                suite,
+                str(partial),
+                DEBIAN_MIRROR,
+            ],
+            f"mmdebstrap {suite}",
+            logfile,
+        )
+        partial.rename(root)
+    return root
+
+
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 

@@ -496,7 +496,11 @@ def start(
     sandbox = images["pause"]["ref"]
     t = time.monotonic()
     seed = nodeseed.seeded_root(
-        {images[k]["ref"]: Path(images[k]["archive"]) for k in ("pause", "operator", "trainer")}
+        {
+            images[k]["ref"]: Path(images[k]["archive"])
+            # base: the image without this project (own code in a plain Python image)
+            for k in ("pause", "operator", "trainer", "base")
+        }
     )
     ctd_procs = []
     for n in nodes:

@@ -5,11 +5,17 @@ conftest.py), the trainer image built from Dockerfile.trainer (CPU torch); each 
 namespace of its own and deletes it:
 
 - a plain torch.distributed script (examples/scripts/torch_ddp.py, in the trainer image at the
-  path examples/byo-torch-ddp.yaml names) as spec.trainer.command on two pods: world size and
-  ranks right, rank 1 failing on attempt 0 gives one gang restart, the job Succeeds, its
-  progress lines reach the job's status through the Lease; the blamed pod of attempt 0 is still
-  there after the restart, Failed, with its log (`kubectl logs`, `mjob logs`), and the failing
-  rank's own line reaches the user (its kept log, or the AttemptFailed event);
+  path examples/byo-torch-ddp.yaml names) as spec.trainer.command on two pods, with
+  restartPolicy.strategy Recreate: world size and ranks right, rank 1 failing on attempt 0 gives
+  one gang restart, the job Succeeds, its progress lines reach the job's status through the
+  Lease; the blamed pod of attempt 0 is still there after the restart, Failed, with its log
+  (`kubectl logs`, `mjob logs`), and the failing rank's own line reaches the user (its kept log,
+  or the AttemptFailed event);
+- own code in an image without this project (the plain Debian base with Python 3.11, which the
+  operator's init container gives the launcher): a stdlib stand-in for Megatron-LM that
+  rendezvouses across the two pods and prints Megatron-LM's log lines; its rank killed from the
+  host restarts in place (InPlace, the default: both pods keep their UIDs, restarts 1), and the
+  job Succeeds with the progress its log lines gave;
 - an image that does not exist: PodsStarted names ErrImagePull or ImagePullBackOff within 60 s,
   and at startupTimeoutSeconds the pods are deleted (what they requested is released) and the job
   fails by its rule.
@@ -96,6 +102,7 @@ def test_a_torch_distributed_script_restarts_once_and_succeeds(
 ) -> None:
     c = real_operator
     spec = base_spec(c.image("trainer"))
+    spec["restartPolicy"]["strategy"] = "Recreate"  # the gang rung, and its kept evidence
     spec["trainer"] = {
         "command": ["python", "examples/scripts/torch_ddp.py"],
         "args": [
@@ -142,6 +149,85 @@ def test_a_torch_distributed_script_restarts_once_and_succeeds(
     # The failing rank's own line: in the kept log, or in the report's tail of pod ddp-a0-1.
     cause = "torch_ddp: rank 1 fails at step 7 (attempt 0)"
     assert cause in failed_log or ("pod ddp-a0-1" in reports[0] and cause in reports[0]), reports[0]
+
+
+# A stand-in for Megatron-LM in any image's python3 (stdlib only): the ranks meet at MASTER_ADDR:
+# MASTER_PORT (a fresh port each attempt), resume from the tracker file rank 0 writes, and print
+# Megatron-LM's training log line on the last rank and its save line on rank 0.
+STAND_IN = """# megatron-stand-in
+import os, socket, sys, time
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+ckpt = os.environ["MEGATRON_CHECKPOINT_DIR"]
+tracker = os.path.join(ckpt, "latest_checkpointed_iteration.txt")
+if rank == 0:
+    srv = socket.create_server(("", port))
+    peers = [srv.accept()[0] for _ in range(world - 1)]
+else:
+    for _ in range(600):
+        try:
+            peer = socket.create_connection((addr, port), timeout=5)
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        sys.exit("no rendezvous")
+start = int(open(tracker).read()) if os.path.exists(tracker) else 0
+print(f"stand-in rank {rank}/{world} resumes after {start} (python {sys.version.split()[0]})", flush=True)
+for it in range(start + 1, 21):
+    time.sleep(0.5)
+    if rank == world - 1:
+        print(f" [2026-11-02 10:00:00.000000] iteration {it:8d}/{20:8d} | consumed samples: {it * 8:12d} | elapsed time per iteration (ms): 500.0 | learning rate: 1.000000E-04 | global batch size:     8 | lm loss: {8.0 / it:.6E} | loss scale: 1.0 | grad norm: 1.000 | number of skipped iterations:   0 | number of nan iterations:   0 |", flush=True)
+    if rank == 0 and it % 3 == 0:
+        os.makedirs(ckpt, exist_ok=True)
+        with open(tracker + ".tmp", "w") as f:
+            f.write(str(it))
+        os.replace(tracker + ".tmp", tracker)
+        print(f"  [2026-11-02 10:00:00.000000] successfully saved checkpoint from iteration {it:7d} to {ckpt} [ t 1/1, p 1/1 ]", flush=True)
+"""
+
+
+def test_own_code_in_an_image_without_the_project_restarts_in_place(
+    real_operator: RealCluster, ns: str
+) -> None:
+    c = real_operator
+    spec = base_spec(c.image("base"))  # Debian's Python 3.11, no megatron_trainer in it
+    # --save: where Megatron-LM's tracker is, which the last rank's launcher reads (rank 0,
+    # whose save lines name the checkpoint, runs in the other pod).
+    spec["trainer"] = {
+        "command": ["python3", "-c", STAND_IN],
+        "args": ["--save=$(MEGATRON_CHECKPOINT_DIR)"],
+    }
+    c.apply(job_doc("own", spec), ns)
+    wait_phase(c, ns, "own", "Running", timeout=300)
+
+    def uids() -> dict[str, str]:
+        pods = c.kubectl_json("get", "pods", "-n", ns, "-l", "megatron.dev/job-name=own")
+        return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods["items"]}
+
+    first = uids()
+    assert sorted(first) == ["own-a0-0", "own-a0-1"]
+    pod = c.pod(ns, "own-a0-0")
+    (init,) = pod["spec"]["initContainers"]  # the launcher, from the operator's image
+    assert init["image"] == c.image("operator")
+    assert pod["spec"]["containers"][0]["command"][0] == "python3"
+    c.wait(lambda: "iteration        5/" in c.logs(ns, "own-a0-1"), 120, 0.5, "step 5")
+    killed = c.kill_process(ns, "own-a0-1", "megatron-stand-in", RANK="1")
+    assert killed["signal"] == "SIGKILL", killed
+    st = wait_phase(c, ns, "own", "Succeeded", timeout=300)
+    assert (st["restarts"], st["restartAttempt"]) == (1, 1), st
+    assert st["lastFailure"]["rung"] == "InPlace", st["lastFailure"]
+    assert uids() == first  # the same pods: no pod, IP or GPU given up
+    # Progress from the log lines alone: the last step, its loss, and the newest checkpoint
+    # (saved every 3 steps: 18), from the tracker under --save.
+    progress = st["progress"]
+    assert progress["iteration"] == 20 and progress["attempt"] == 1, progress
+    assert abs(progress["loss"] - 8.0 / 20) < 1e-6, progress
+    assert progress["checkpointIteration"] == 18, progress
+    log1 = c.logs(ns, "own-a0-1")
+    assert "started the ranks of attempt 1" in log1, log1[-3000:]
+    assert "resumes after 3" in log1 or "resumes after 6" in log1, log1[-3000:]
+    assert "(python 3.11" in log1
 
 
 def test_an_image_that_does_not_exist_is_named_and_released(

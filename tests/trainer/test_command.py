@@ -17,7 +17,7 @@ import pytest
 
 from megatron_contract.exitcodes import ExitCode
 from megatron_contract.ports import free_port
-from megatron_trainer.forward import Forwarder
+from megatron_trainer.forward import Forwarder, Steps
 from megatron_trainer.progress import ProgressReporter
 
 from .trainer_configs import tiny_config, write_config
@@ -57,6 +57,7 @@ def command_config(tmp: Path, mode: str) -> dict[str, Any]:
     cfg["trainer"] = {
         "command": [sys.executable, str(script)],
         "args": [mode, "r=$(RANK)", "$(MEGATRON_NOPE)", "$$(RANK)", "$(LOCAL_RANK)"],
+        "progress": "MegatronLog",
     }
     return cfg
 
@@ -126,7 +127,7 @@ def test_the_forwarder_reads_partial_and_huge_lines(tmp_path: Path) -> None:
     log = tmp_path / "p.log"
     out = tmp_path / "out.jsonl"
     reporter = ProgressReporter(True, str(out), None, 10.0, 1)
-    fwd = Forwarder(str(log), reporter, poll=3600)
+    fwd = Forwarder(str(log), Steps(reporter), poll=3600)
     fwd.read()  # no file yet: nothing, no error
     log.write_bytes(b"1 1.5\n2 1.")
     fwd.read()

@@ -12,7 +12,14 @@ import pytest
 import yaml
 
 from megatron_operator.api import MegatronJob, load_job
-from megatron_operator.core.defaults import DEFAULT_TRAINER_IMAGE, Layer, apply, platform, resolve
+from megatron_operator.core.defaults import (
+    DEFAULT_LAUNCHER_IMAGE,
+    DEFAULT_TRAINER_IMAGE,
+    Layer,
+    apply,
+    platform,
+    resolve,
+)
 from megatron_operator.core.planner import plan
 from megatron_operator.core.render import render as render_job
 
@@ -401,12 +408,17 @@ def test_openshift_values_fix_no_uid_anywhere() -> None:
         "runAsNonRoot": True,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
-    # The defaults: the images' user, the chart's trainer image.
+    # The defaults: the images' user, the chart's trainer image, and its own operator image as
+    # a trainer.command's launcher image (the init container that copies the launcher).
     plain = _job_defaults(render())
     assert plain == {
         "image": DEFAULT_TRAINER_IMAGE,
+        "launcherImage": DEFAULT_LAUNCHER_IMAGE,
         "podSecurityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000},
     }
+    assert platform(plain).launcher_image == DEFAULT_LAUNCHER_IMAGE
+    moved = _job_defaults(render("image.repository=registry.example/ops/operator", "image.tag=v7"))
+    assert platform(moved).launcher_image == "registry.example/ops/operator:v7"
 
 
 def test_the_trainer_service_account_gets_the_clouds_annotations() -> None:

@@ -373,3 +373,32 @@ def test_ipc_lock_can_be_left_to_a_runtime_that_raises_memlock() -> None:
     assert caps({}, {"rdma/ib": "1"}) == locked
     assert caps({"fabric": "infiniband", "ipcLock": False}, {}) == {"drop": ["ALL"]}
     assert caps({"ipcLock": False}, {"rdma/ib": "1"}) == {"drop": ["ALL"]}
+
+
+def test_only_the_operators_defaults_name_the_launcher_image(tmp_path: Path) -> None:
+    """The launcher image is the first code of every trainer.command pod: the operator's
+    --job-defaults (a bare spec, as the chart writes it) may name it, a namespace's
+    MegatronJobDefaults may not."""
+    from megatron_operator.api import SpecError
+    from megatron_operator.cli.common import read_defaults
+
+    bare = tmp_path / "defaults.json"
+    bare.write_text(json.dumps({"launcherImage": "registry.example/ops/operator:1"}))
+    assert platform(read_defaults([str(bare)])).launcher_image == "registry.example/ops/operator:1"
+    record, errors = resolve([Layer("operator", {"launcherImage": "a:1"})])
+    assert record is not None and not errors
+    obj = tmp_path / "team.yaml"
+    obj.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "megatron.dev/v1alpha1",
+                "kind": "MegatronJobDefaults",
+                "metadata": {"name": "gpu", "namespace": "team"},
+                "spec": {"launcherImage": "evil.example/launcher:1"},
+            }
+        )
+    )
+    with pytest.raises(SpecError, match="only the operator's own defaults"):
+        read_defaults([str(obj)])
+    record, errors = resolve([Layer("team/gpu", {"launcherImage": "evil.example/launcher:1"})])
+    assert record is None and "spec.launcherImage" in str(errors[0])

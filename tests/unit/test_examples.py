@@ -148,3 +148,46 @@ def test_an_example_says_what_it_needs_in_the_namespace(path: Path) -> None:
     needed += re.findall(r"configSecret: ([a-z0-9-]+)", text)
     for name in needed:
         assert name in header, f"{path.name}: the header does not say it needs {name}"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in EXAMPLES if "\n  trainer:\n" in p.read_text()],
+    ids=lambda p: p.stem,
+)
+def test_own_code_runs_in_its_own_image_with_the_launcher_from_the_operators(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`mjob render` of an own-code example: the user's image runs unchanged, the operator's
+    image copies the launcher into an emptyDir, and the image's python3 runs it."""
+    from megatron_contract.paths import LAUNCHER_MOUNT, LAUNCHER_ZIPAPP
+    from megatron_operator.core.defaults import DEFAULT_LAUNCHER_IMAGE
+
+    assert main(["render", str(path)]) == 0
+    pods = [o for o in yaml.safe_load(capsys.readouterr().out)["items"] if o["kind"] == "Pod"]
+    image = yaml.safe_load(path.read_text())["spec"].get("image")
+    for pod in pods:
+        (init,) = pod["spec"]["initContainers"]
+        assert init["image"] == DEFAULT_LAUNCHER_IMAGE
+        assert init["command"] == ["mjob", "launcher", "install", LAUNCHER_ZIPAPP]
+        (trainer,) = pod["spec"]["containers"]
+        assert trainer["command"] == ["python3", LAUNCHER_ZIPAPP]
+        assert image is None or trainer["image"] == image
+        mount = next(m for m in trainer["volumeMounts"] if m["mountPath"] == LAUNCHER_MOUNT)
+        assert mount["readOnly"] is True
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+        assert "emptyDir" in volume
+        assert pod["metadata"]["annotations"]["megatron.dev/restart-strategy"] == "InPlace"
+
+
+def test_no_doc_or_example_installs_this_project_into_an_image() -> None:
+    """The launcher is never pip-installed into a training image: the name is not on the
+    package index (anyone could register it)."""
+    texts = [*ROOT.glob("docs/*.md"), *ROOT.glob("examples/*.yaml"), ROOT / "README.md"]
+    texts += [ROOT / "images" / "README.md", ROOT / "images" / "enroot.md"]
+    for f in texts:
+        for line in f.read_text().splitlines():
+            if "pip install" in line:
+                assert "megatron-operator" not in line and "megatron_operator" not in line, (
+                    f"{f.name}: {line.strip()}"
+                )

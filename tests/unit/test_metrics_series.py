@@ -49,6 +49,19 @@ def test_running_since_and_hang_timeout_follow_the_job() -> None:
     assert series(m, "megatronjob_hang_timeout_seconds") == {'{name="b",namespace="team"}': 1800.0}
 
 
+def test_a_job_without_a_progress_source_is_never_measured_as_idle() -> None:
+    # trainer.progress None: no running-since series, so MegatronJobNoProgress has nothing to
+    # measure from (its expression needs it), whatever the hang timeout.
+    m = Metrics()
+    running = {"phase": "Running", "runningSince": "2026-11-22T12:00:00Z"}
+    spec = {"trainer": {"command": ["x"], "progress": "None"}, "restartPolicy": {}}
+    m.observe_status("team", "c", running, spec)
+    assert series(m, "megatronjob_running_since_timestamp_seconds") == {}
+    spec["trainer"]["progress"] = "MegatronLog"
+    m.observe_status("team", "c", running, spec)
+    assert len(series(m, "megatronjob_running_since_timestamp_seconds")) == 1
+
+
 def test_goodput_counters_follow_the_ledger_and_count_only_attributed_seconds() -> None:
     m = Metrics()
     ledger = {

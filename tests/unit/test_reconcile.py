@@ -21,7 +21,7 @@ from megatron_operator.core.policy import MAX_UNCOUNTED_PER_HOUR
 from megatron_operator.core.reconcile import Settings, World, reconcile
 
 from .sim import T0, Sim
-from .specs import job_doc, spec_of
+from .specs import DELETE, job_doc, spec_of
 
 
 def _sim(changes: dict[str, Any] | None = None, nodes: int = 4) -> Sim:
@@ -212,6 +212,43 @@ def test_hang_detection() -> None:
     sim.tick(2)
     sim.step()
     assert sim.status["phase"] == "Restarting"
+    assert sim.status["lastFailure"]["reason"] == "Hang"
+
+
+def test_progress_written_by_the_last_pods_launcher_is_the_jobs() -> None:
+    """Megatron-LM prints its loss on the last rank only: the launcher of the last pod writes
+    the Lease, and the operator takes the record by its attempt, whoever holds the Lease."""
+    sim = _sim({"restartPolicy": {"hangTimeoutSeconds": 60}})
+    _running(sim)
+    sim.tick(50)
+    sim.report_progress(10)
+    assert sim.lease is not None
+    sim.lease["spec"]["holderIdentity"] = "job-a0-3"  # node rank 3 of 4: the last rank's pod
+    sim.step()
+    assert sim.status["progress"]["iteration"] == 10
+    sim.tick(59)
+    sim.step()
+    assert sim.status["phase"] == "Running"  # its renewTime is the heartbeat too
+
+
+def test_own_code_without_a_progress_source_is_never_judged_hung() -> None:
+    own = {
+        "trainer": {"command": ["python", "t.py"], "progress": "None"},
+        "restartPolicy": {"hangTimeoutSeconds": 60},
+        "model": DELETE,
+        "training": DELETE,
+        "data": DELETE,
+    }
+    sim = _sim(own)
+    _running(sim)
+    sim.tick(3600)
+    sim.step()
+    assert sim.status["phase"] == "Running" and "lastFailure" not in sim.status
+    own["trainer"]["progress"] = "MegatronLog"  # a source that says nothing: a hang
+    sim = _sim(own)
+    _running(sim)
+    sim.tick(61)
+    sim.step()
     assert sim.status["lastFailure"]["reason"] == "Hang"
 
 

@@ -1,4 +1,4 @@
-"""images/release.py: one version or no release; the chart package and the launcher wheel with
+"""images/release.py: one version or no release; the chart package and the launcher zipapp with
 their digests; the images' build and OCI-archive commands; an OCI archive's manifest digest."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from megatron_operator import zipapp
 
 from .chartkit import ROOT, helm
 
@@ -70,9 +72,10 @@ def test_images_are_built_from_the_dockerfiles_and_saved_as_oci_archives() -> No
 def test_the_chart_and_the_launcher_with_their_digests(tmp_path: Path) -> None:
     record = release.release(tmp_path / "dist", skip_images=True, helm=helm())
     version = record["version"]
-    chart, wheel = Path(record["chart"]["file"]), Path(record["launcher"]["file"])
+    chart, launcher = Path(record["chart"]["file"]), Path(record["launcher"]["file"])
     assert chart.name == f"megatron-operator-{version}.tgz"
-    assert wheel.name == f"megatron_operator-{version}-py3-none-any.whl"
+    assert launcher.name == f"launcher-{version}.pyz"
+    assert launcher.read_bytes() == zipapp.build_bytes(version)  # reproducible
     for item in (record["chart"], record["launcher"]):
         assert item["digest"] == release.sha256(Path(item["file"]))
     with tarfile.open(chart) as tar:

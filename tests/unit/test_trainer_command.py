@@ -189,3 +189,55 @@ def test_expansion_follows_kubernetes(text: str, want: str) -> None:
 )
 def test_progress_lines(line: str, step: Step | None) -> None:
     assert parse_line(line) == step
+
+
+def test_an_unknown_reference_is_refused_and_shell_syntax_and_torchrun_explained(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    import yaml
+
+    from megatron_operator.cli.main import main
+    from megatron_operator.core import command
+
+    typo = {**COMMAND, "trainer": {"command": ["python", "t.py"], "args": ["--s=$(MEGATRON_CKPT)"]}}
+    with pytest.raises(SpecError) as exc:
+        plan(load_job(job_doc(spec_of(typo))).spec)
+    assert "spec.trainer.args[0]: $(MEGATRON_CKPT) is not set in a rank's environment" in str(
+        exc.value
+    )
+    # A name spec.env sets, and the escaped form, are fine.
+    fine = {
+        **COMMAND,
+        "env": [{"name": "MY_FLAG", "value": "1"}],
+        "trainer": {"command": ["python", "t.py"], "args": ["$(MY_FLAG)", "$$(NOPE)"]},
+    }
+    job = load_job(job_doc(spec_of(fine)))
+    plan(job.spec)
+    assert command.warnings(job.spec) == []
+    odd = {
+        **COMMAND,
+        "trainer": {
+            "command": ["torchrun", "--nproc-per-node=8", "t.py"],
+            "args": ["--rank=${RANK}", "$HOME/x"],
+            "progress": "None",
+        },
+    }
+    warned = [str(w) for w in command.warnings(load_job(job_doc(spec_of(odd))).spec)]
+    assert any("${RANK} is shell syntax and is never expanded" in w for w in warned)
+    assert any("$HOME is shell syntax" in w for w in warned)
+    assert any("torchrun is a launcher inside the launcher" in w for w in warned)
+    assert any("spec.trainer.progress: None: the job has no progress source" in w for w in warned)
+    # `mjob validate -` reads stdin, and every document of a multi-document file.
+    docs = [
+        job_doc(spec_of(fine), name="a"),
+        {"kind": "ConfigMap"},
+        job_doc(spec_of(typo), name="b"),
+    ]
+    monkeypatch.setattr("sys.stdin", io.StringIO(yaml.safe_dump_all(docs)))
+    assert main(["validate", "-"]) == 2
+    out = capsys.readouterr()
+    assert "<stdin> (document 1): MegatronJob a is valid" in out.out
+    assert "<stdin> (document 2): ConfigMap skipped" in out.out
+    assert "error: <stdin> (document 3) is invalid" in out.err and "$(MEGATRON_CKPT)" in out.err

@@ -26,8 +26,10 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from megatron_contract import env as contract_env
+from megatron_contract.choices import PROGRESS_MEGATRON_LOG, PROGRESS_NONE
 from megatron_contract.config import (
     LaunchConfig,
     is_msc_url,
@@ -43,6 +45,7 @@ from megatron_contract.ladder import IN_PLACE
 from megatron_contract.paths import TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 
 from . import profilers
+from .agent.output import RankOutput
 from .agent.procs import (
     _PR_SET_CHILD_SUBREAPER,
     _die_with_parent,
@@ -50,18 +53,20 @@ from .agent.procs import (
     exit_code,
     prctl,
     send,
+    wait_code,
 )
 from .agent.ranks import Forked
 from .agent.zygote import Zygote
 from .decisions import CUDA_DEVICE_MAX_CONNECTIONS, cuda_env_defaults
-from .forward import Forwarder, progress_log_path
+from .forward import Forwarder, LogProgress, Steps, progress_log_path, save_dir_of
 from .profilers import nsys
 from .progress import LeaseWriter, ProgressReporter
 from .storage import profiles_dir, scratch_dir
 from .validate import validate, validate_launch
 
 # A rank's argv from its env: the built-in worker's is fixed, a trainer.command's is expanded.
-RankCommand = Callable[[Mapping[str, str]], list[str]]
+if TYPE_CHECKING:  # for annotations only: `X[...]` of a builtin needs 3.9 at run time
+    RankCommand = Callable[[Mapping[str, str]], list[str]]
 
 __all__ = ["exit_code", "main", "rank_env"]
 
@@ -111,7 +116,9 @@ class Supervisor:
         parallel: tuple[int, int, bool] = (1, 1, False),
         wrap: Callable[[int, list[str]], list[str]] | None = None,
         zygote: Sequence[str] | None = None,
+        output: RankOutput | None = None,
     ) -> None:
+        self.output = output  # a trainer.command's output, read on its way to the log
         self.env = env
         self.cpu = cpu
         self.parallel = parallel
@@ -142,10 +149,14 @@ class Supervisor:
             proc = subprocess.Popen(
                 command,
                 env=env,
-                # The ranks start before any thread of the launcher (the progress forwarder and
-                # its Lease writer start after), so the fork cannot inherit a held lock.
+                # Only a pre-resolved prctl runs between fork and exec: no lock is taken there
+                # (threads exist already when the output readers or the Lease writer run).
                 preexec_fn=_die_with_parent,  # noqa: PLW1509
+                stdout=subprocess.PIPE if self.output is not None else None,
+                stderr=subprocess.PIPE if self.output is not None else None,
             )
+            if self.output is not None:
+                self.output.attach(local_rank, proc)
             self.ranks[proc.pid] = proc
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._forward)
@@ -172,7 +183,7 @@ class Supervisor:
                 continue
             if pid not in self.ranks:
                 continue  # an orphan we adopted as subreaper
-            code = exit_code(os.waitstatus_to_exitcode(status))
+            code = wait_code(status)
             self.codes[pid] = code
             local = list(self.ranks).index(pid)
             if code not in (ExitCode.OK, ExitCode.SIGTERM) and self.first_failure is None:
@@ -281,6 +292,12 @@ def version() -> str:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as package_version
 
+    try:  # the launcher zipapp (megatron_operator/zipapp.py) carries the version it was built at
+        from ._build import VERSION  # type: ignore[import-not-found]
+
+        return str(VERSION)
+    except ImportError:
+        pass
     try:
         return package_version("megatron-operator")
     except PackageNotFoundError:  # a source tree without an install
@@ -290,16 +307,21 @@ def version() -> str:
 def _run_in_place(
     env: RuntimeEnv,
     config: LaunchConfig,
-    command: list[str],
+    command: Sequence[str] | RankCommand,
     cpu: bool,
     parallel: tuple[int, int, bool],
+    reading: Reading | None = None,
 ) -> int:
-    """`restartPolicy.strategy: InPlace`: the pod outlives its ranks' attempts (agent/)."""
+    """`restartPolicy.strategy: InPlace`: the pod outlives its ranks' attempts (agent/). The
+    built-in worker's ranks are forked by the pod's zygote; a trainer.command's are its own
+    processes, whose output `reading` reads."""
     from .agent import inplace
 
     captures: dict[int, NsysCaptures] = {}  # nsys reports go to profiles/<attempt>/
 
     def env_for(local_rank: int, attempt: int, port: int) -> dict[str, str]:
+        if reading is not None:
+            reading.steps.restart(attempt)  # the progress of this attempt starts over
         child = rank_env(os.environ, env, local_rank, cpu, parallel)
         child[RESTART_ATTEMPT] = str(attempt)  # the attempt the coordinator started
         child[MASTER_PORT] = str(port)  # a fresh rendezvous port each attempt
@@ -316,7 +338,9 @@ def _run_in_place(
     }
     # The built-in worker's ranks are forked by the pod's zygote (agent/zygote.py), which has
     # imported torch and Megatron-Core once; a rank under nsys cannot be (nsys must start it).
-    code = inplace.run(env, command, env_for, command, wrap, profiled)
+    zygote = None if callable(command) else command
+    output = reading.output if reading is not None else None
+    code = inplace.run(env, command, env_for, zygote, wrap, profiled, output)
     for capture in captures.values():
         capture.upload()
     return code
@@ -354,37 +378,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     cpu = config.platform == "cpu"
     p = config.parallelism
     parallel = (p.tensor, p.context, p.fsdp)
-    if env.restart_strategy == IN_PLACE and config.trainer is None:
+    command = rank_command(config)
+    in_place = env.restart_strategy == IN_PLACE
+    if in_place:
         from .agent import inplace
 
         problem = inplace.usable_key(env)
-        if problem is None:
-            worker = [sys.executable, "-m", "megatron_trainer.worker"]
-            return _run_in_place(env, config, worker, cpu, parallel)
-        # Only the job's pods hold the key; without it no coordinator may listen, so this pod
-        # runs as with Recreate (a failed rank fails the pod), as every pod of the gang does.
-        print(
-            f"megatron_trainer: restart strategy InPlace, but {problem}: running without "
-            "in-place restarts (a failed rank ends the pod)",
-            file=sys.stderr,
-            flush=True,
-        )
-    # A trainer.command's pods are rendered with strategy Recreate (core/render.py): its ranks
-    # are plain processes this supervisor starts once and the gang is recreated on a failure.
-    progress_log = set_progress_log(config)
-    captures = NsysCaptures(config, env.restart_attempt)
-    command = rank_command(config)
-    zygote = command if config.trainer is None and not callable(command) else None
-    supervisor = Supervisor(env, cpu, command, parallel, wrap=captures.wrap, zygote=zygote)
-    supervisor.start()
-    forwarder = forward_progress(config, env, progress_log)
+        if problem is not None:
+            # Only the job's pods hold the key; without it no coordinator may listen, so this
+            # pod runs as with Recreate (a failed rank fails the pod), as every pod of the gang.
+            print(
+                f"megatron_trainer: restart strategy InPlace, but {problem}: running without "
+                "in-place restarts (a failed rank ends the pod)",
+                file=sys.stderr,
+                flush=True,
+            )
+            in_place = False
+    reading = read_progress(config, env, cpu, parallel) if config.trainer is not None else None
     try:
+        if in_place:
+            return _run_in_place(env, config, command, cpu, parallel, reading)
+        # Recreate and ReplacePod: the ranks run once; a failure fails the pod.
+        captures = NsysCaptures(config, env.restart_attempt)
+        zygote = None if callable(command) else command
+        supervisor = Supervisor(
+            env,
+            cpu,
+            command,
+            parallel,
+            wrap=captures.wrap,
+            zygote=zygote,
+            output=reading.output if reading is not None else None,
+        )
+        supervisor.start()
+        if reading is not None:
+            reading.start()
         code = supervisor.wait()
+        captures.upload()
+        return code
     finally:
-        if forwarder is not None:
-            forwarder.close()
-    captures.upload()
-    return code
+        if reading is not None:
+            reading.close()
 
 
 def check(env: RuntimeEnv) -> LaunchConfig:
@@ -433,17 +467,62 @@ def set_progress_log(config: LaunchConfig) -> str | None:
     return path
 
 
-def forward_progress(config: LaunchConfig, env: RuntimeEnv, path: str | None) -> Forwarder | None:
-    """On node 0, forward what the ranks append to the progress log as the job's progress
-    (forward.py); started once the ranks are (it is a thread)."""
-    if path is None or env.node_rank != 0:
-        return None
+class Reading:
+    """A trainer.command's progress sources in this pod (forward.py): the progress file on node
+    0 (rank 0 appends to it), Megatron-LM's log lines in the pod that holds the last rank (which
+    prints them), every rank's output copied to the pod's log (agent/output.py)."""
+
+    def __init__(
+        self,
+        steps: Steps,
+        output: RankOutput,
+        forwarder: Forwarder | None,
+        logs: LogProgress | None,
+    ) -> None:
+        self.steps, self.output, self.forwarder, self.logs = steps, output, forwarder, logs
+        self.started = False
+
+    def start(self) -> None:
+        if self.forwarder is not None and not self.started:
+            self.forwarder.start()
+        self.started = True
+
+    def close(self) -> None:
+        self.output.join()
+        if self.forwarder is not None:
+            self.forwarder.close()
+        self.steps.close()
+
+
+def read_progress(
+    config: LaunchConfig, env: RuntimeEnv, cpu: bool, parallel: tuple[int, int, bool]
+) -> Reading:
+    """The progress sources of a trainer.command job, as `trainer.progress` names them."""
+    assert config.trainer is not None
+    source = config.trainer.progress
+    path = set_progress_log(config)
     lease = None
-    if env.progress_lease:
+    if env.progress_lease and source != PROGRESS_NONE:
         lease = LeaseWriter.in_cluster(
             env.pod_namespace, env.pod_name, env.progress_lease, config.progress.annotation
         )
     reporter = ProgressReporter(
         True, env.progress_file, lease, config.progress.min_interval_seconds, env.restart_attempt
     )
-    return Forwarder(path, reporter).start()
+    steps = Steps(reporter)
+    forwarder = None
+    if path is not None and env.node_rank == 0 and source != PROGRESS_NONE:
+        forwarder = Forwarder(path, steps)
+    logs = None
+    last = env.world_size - 1  # Megatron-LM prints its training log on the last rank only
+    if source == PROGRESS_MEGATRON_LOG and last // env.nproc_per_node == env.node_rank:
+        local = last % env.nproc_per_node
+        argv = rank_command(config)
+        if callable(argv):
+            argv = argv(rank_env(os.environ, env, local, cpu, parallel))
+        logs = LogProgress(steps, local, save_dir_of(list(argv)))
+    output = RankOutput(logs.line if logs is not None else None)
+    reading = Reading(steps, output, forwarder, logs)
+    if forwarder is not None:
+        reading.start()  # a thread: InPlace starts its ranks after it, as it does anyway
+    return reading

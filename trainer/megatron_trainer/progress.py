@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from megatron_contract.timeline import KEY as CLOCK_KEY
@@ -42,7 +42,7 @@ class Report:
     def to_json(self, attempt: int, now: datetime | None = None) -> str:
         """The record; `attempt` (the restart attempt) lets the operator ignore late writes of
         an older attempt's pods."""
-        stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
         body: dict[str, Any] = {
             "attempt": attempt,
             "iteration": self.iteration,
@@ -69,7 +69,7 @@ def _rounded(value: float | None, digits: int) -> float | None:
 
 def _micro_time(now: datetime) -> str:
     """A Kubernetes MicroTime, the format of a Lease's renewTime."""
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _record_attempt(text: object) -> int | None:
@@ -205,7 +205,7 @@ class LeaseWriter:
             meta["annotations"] = {**annotations, self.annotation: payload}
             spec = lease.setdefault("spec", {})
             spec["holderIdentity"] = self.holder
-            spec["renewTime"] = _micro_time(datetime.now(UTC))
+            spec["renewTime"] = _micro_time(datetime.now(timezone.utc))
             try:
                 self._request("PUT", json.dumps(lease).encode())  # carries its resourceVersion
                 return True

@@ -169,7 +169,7 @@ def _msc_problems(urls: list[str]) -> list[str]:
     except ImportError:
         return [
             f"checkpoint.dir: {urls[0]} needs multi-storage-client, which this image lacks: "
-            "install the trainer extra (pip install 'megatron-operator[trainer]')"
+            "install the trainer extra (pip install -e '.[trainer]' from a checkout of this repository)"
         ]
     config = os.environ.get(MSC_CONFIG)
     if not config or not os.path.isfile(config):

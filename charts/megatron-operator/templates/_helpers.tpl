@@ -70,6 +70,8 @@ trainerPods, under jobDefaults. */}}
 {{- end }}
 {{- end }}
 {{- $built := dict "image" (printf "%s:%s" .Values.trainerImage.repository (.Values.trainerImage.tag | default .Chart.AppVersion)) "podSecurityContext" $ids }}
+{{- /* A trainer.command pod's launcher comes from the operator's own image (an init container). */}}
+{{- $_ := set $built "launcherImage" (printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion)) }}
 {{- with $tp.serviceAccountAnnotations }}
 {{- $_ := set $built "serviceAccount" (dict "annotations" .) }}
 {{- end }}

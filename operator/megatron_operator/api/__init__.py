@@ -2,7 +2,7 @@
 
 from .errors import FieldError, SpecError
 from .job import API_VERSION, GROUP, KIND, PLURAL, VERSION, MegatronJob, ObjectMeta
-from .loader import apply_overrides, load_file, load_job, parse_yaml, read_file
+from .loader import apply_overrides, load_file, load_job, parse_yaml, read_documents, read_file
 from .spec import MegatronJobSpec
 from .status import MegatronJobStatus
 
@@ -22,5 +22,6 @@ __all__ = [
     "load_file",
     "load_job",
     "parse_yaml",
+    "read_documents",
     "read_file",
 ]

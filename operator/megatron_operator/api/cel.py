@@ -46,6 +46,8 @@ from .spec import FABRIC_RESOURCES
 from .template import (
     GPU_RESOURCES,
     GPU_WHY,
+    LAUNCHER_INIT_CONTAINER,
+    LAUNCHER_WHY,
     MOUNT_PATH_WHY,
     NOT_NORMAL_PATH_PATTERN,
     OWNED_ANNOTATION_PREFIXES,
@@ -700,6 +702,12 @@ TEMPLATE_RULES: Final[dict[str, list[dict[str, str]]]] = {
         rule(
             f"{_TRAINER}",
             f"{TRAINER_CONTAINER!r} is the trainer container: it runs in containers",
+            ".name",
+            "FieldValueForbidden",
+        ),
+        rule(
+            f"self.name != {_lit(LAUNCHER_INIT_CONTAINER)}",
+            LAUNCHER_WHY,
             ".name",
             "FieldValueForbidden",
         ),

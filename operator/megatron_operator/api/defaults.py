@@ -146,6 +146,14 @@ class MegatronJobDefaultsSpec(ApiModel):
     service_account: ServiceAccountDefaults | None = Field(
         None, description="Each job's trainer ServiceAccount (only here, not in a job)."
     )
+    launcher_image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description="The image whose init container gives a trainer.command job's pods the "
+        "launcher (the operator's own image; the chart sets its image). Only the operator's "
+        "own defaults (--job-defaults) may set it, not a MegatronJobDefaults.",
+    )
     pod_security_context: PodIdentity | None = Field(
         None,
         description="The trainer pods' runAsUser, runAsGroup and fsGroup (only here, not in a "

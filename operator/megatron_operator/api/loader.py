@@ -342,6 +342,40 @@ def read_file(path: str | Path) -> dict[str, Any]:
     return parse_yaml(text, str(p))
 
 
+def read_documents(path: str, stdin: Any = None) -> list[tuple[str, dict[str, Any]]]:
+    """Every document of a file, or of standard input when `path` is `-`, each with where it
+    came from (`FILE`, or `FILE (document N)` when there are several). Empty documents (a
+    leading or trailing `---`) are skipped; SpecError for anything that is not a mapping."""
+    if path == "-":
+        import sys
+
+        source = "<stdin>"
+        text = (stdin or sys.stdin).read(MAX_DOCUMENT_BYTES + 1)
+    else:
+        source = str(path)
+        p = Path(path)
+        try:
+            if p.stat().st_size > MAX_DOCUMENT_BYTES * 4:
+                raise SpecError(
+                    [FieldError(source, f"the file is above the {MAX_DOCUMENT_BYTES}-byte limit")]
+                )
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecError([FieldError(source, f"cannot read the file: {exc}")]) from None
+    docs = [d for d in load_yaml(text, source) if d is not None]
+    if not docs:
+        raise SpecError([FieldError(source, "no YAML document")])
+    out = []
+    for i, doc in enumerate(docs):
+        where = source if len(docs) == 1 else f"{source} (document {i + 1})"
+        if not isinstance(doc, dict):
+            raise SpecError(
+                [FieldError(where, f"expected a MegatronJob mapping, got {type(doc).__name__}")]
+            )
+        out.append((where, doc))
+    return out
+
+
 def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply Hydra-style `path=value` overrides. Paths are relative to spec unless they start
     with `spec.` or `metadata.`; list items are addressed by index (`data.blend.0.weight`).

@@ -771,6 +771,15 @@ class TrainerSpec(ApiModel):
         max_length=1024,
         description="Its arguments, expanded the same way.",
     )
+    progress: Literal["MegatronLog", "File", "None"] = Field(
+        "MegatronLog",
+        description="Where the launchers read the job's progress (steps, loss, checkpoints) "
+        "for status.progress, the hang rule, the metrics and the alerts. MegatronLog: the "
+        "ranks' own output (Megatron-LM's and Megatron Bridge's `iteration N/ M | ... | lm loss: "
+        "X |` lines of the last rank, rank 0's `successfully saved checkpoint` lines), and the "
+        "MEGATRON_PROGRESS_LOG file; File: that file only; None: no progress source, so no hang "
+        "rule (hangTimeoutSeconds is not applied) and no MegatronJobNoProgress alert.",
+    )
 
 
 class EnvVar(ApiModel):

@@ -120,9 +120,15 @@ OWNED_VOLUMES: Final[dict[str, str]] = {
     paths.VOLUME_MSC_CONFIG: "spec.checkpoint.msc.configSecret, mounted at "
     f"{paths.MSC_CONFIG_MOUNT}",
     paths.VOLUME_SCRATCH: f"the scratch directory of checkpoint.url, at {paths.SCRATCH_MOUNT}",
+    paths.VOLUME_LAUNCHER: f"a trainer.command's launcher, at {paths.LAUNCHER_MOUNT}",
     paths.VOLUME_COORDINATOR: "the launchers' coordinator key, mounted at "
     f"{paths.COORDINATOR_KEY_MOUNT}",
 }
+LAUNCHER_INIT_CONTAINER: Final = paths.INIT_CONTAINER_LAUNCHER
+LAUNCHER_WHY: Final = (
+    f"{LAUNCHER_INIT_CONTAINER!r} is the operator's init container that delivers a "
+    "trainer.command's launcher: choose another name"
+)
 OWNED_MOUNT_PATHS: Final = (
     paths.CONFIG_MOUNT,
     paths.CHECKPOINT_MOUNT,
@@ -131,6 +137,7 @@ OWNED_MOUNT_PATHS: Final = (
     paths.INIT_MOUNT,
     paths.MSC_CONFIG_MOUNT,
     paths.SCRATCH_MOUNT,
+    paths.LAUNCHER_MOUNT,
     paths.COORDINATOR_KEY_MOUNT,
 )
 # Pod fields the gang depends on (camelCase): why each is the operator's.
@@ -666,6 +673,8 @@ class TemplatePodSpec(ApiModel):
             raise ValueError(
                 f"{TRAINER_CONTAINER!r} is the trainer container: it runs in containers"
             )
+        if any(c.name == LAUNCHER_INIT_CONTAINER for c in value or []):
+            raise ValueError(LAUNCHER_WHY)
         return value
 
 

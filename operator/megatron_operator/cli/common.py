@@ -66,8 +66,9 @@ def read_defaults(files: list[str]) -> dict[str, Any]:
     layers = []
     for name in files:
         doc = read_file(name)
-        spec = doc.get("spec", {}) if doc.get("kind") == "MegatronJobDefaults" else doc
-        layers.append(Layer(name, spec if isinstance(spec, dict) else {}))
+        namespaced = doc.get("kind") == "MegatronJobDefaults"  # else the operator's bare spec
+        spec = doc.get("spec", {}) if namespaced else doc
+        layers.append(Layer(name, spec if isinstance(spec, dict) else {}, operator=not namespaced))
     record, errors = resolve(layers)
     if errors:
         raise SpecError(errors)
@@ -80,11 +81,23 @@ def load_resolved(
     """Load a spec with the platform's defaults merged under it, as the operator would, and
     plan it; returns the merged defaults too. `note` (a print function) says where the image
     of a job that names none comes from."""
-    from megatron_operator.api import apply_overrides, load_job, read_file
-    from megatron_operator.core.defaults import DEFAULT_TRAINER_IMAGE, apply
+    from megatron_operator.api import read_file
 
     merged = read_defaults(defaults_files)
-    doc = read_file(path)
+    return resolve_doc(read_file(path), path, overrides, merged, note)
+
+
+def resolve_doc(
+    doc: dict[str, Any],
+    path: str,
+    overrides: list[str],
+    merged: dict[str, Any],
+    note: Any = None,
+) -> tuple[MegatronJob, Plan, dict[str, Any]]:
+    """`load_resolved` of a document already read (`path` names where it came from)."""
+    from megatron_operator.api import apply_overrides, load_job
+    from megatron_operator.core.defaults import DEFAULT_TRAINER_IMAGE, apply
+
     if overrides:
         doc = apply_overrides(doc, overrides)
     if merged and isinstance(doc.get("spec"), dict):

@@ -13,7 +13,16 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from megatron_operator.api import SpecError
-from megatron_operator.cli import goodput, operate, preprocess, profiles, run, spec, status
+from megatron_operator.cli import (
+    goodput,
+    launcher,
+    operate,
+    preprocess,
+    profiles,
+    run,
+    spec,
+    status,
+)
 from megatron_operator.cli.common import EXIT_INVALID, CliError
 
 
@@ -32,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mjob {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (spec, preprocess, operate, run, status, goodput, profiles):
+    for module in (spec, preprocess, operate, run, status, goodput, profiles, launcher):
         module.register(sub)
     return parser
 

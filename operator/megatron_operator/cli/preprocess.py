@@ -27,7 +27,7 @@ def _tool(name: str) -> Callable[[argparse.Namespace], int]:
         except ImportError as exc:
             raise CliError(
                 f"mjob {name} needs the trainer extra ({exc.name} is missing): "
-                "pip install 'megatron-operator[trainer]'"
+                "pip install -e '.[trainer]' from a checkout of this repository"
             ) from None
         rest: list[str] = args.rest
         return int(module.main(rest))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from megatron_operator.cli.common import (
     EXIT_INVALID,
@@ -16,15 +16,45 @@ from megatron_operator.cli.common import (
     load_resolved,
 )
 
+if TYPE_CHECKING:
+    from megatron_operator.api import MegatronJob
+    from megatron_operator.core.planner import Plan
+
 
 def _note(text: str) -> None:
     print(text, file=sys.stderr)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Every MegatronJob of the file (or of stdin, `-`), each valid or with its problems."""
+    from megatron_operator.api import SpecError, read_documents
+    from megatron_operator.cli.common import read_defaults, resolve_doc
+
+    merged = read_defaults(args.defaults)
+    invalid = 0
+    for source, doc in read_documents(args.file):
+        if doc.get("kind", "MegatronJob") != "MegatronJob":
+            print(f"{source}: {doc.get('kind')} skipped (not a MegatronJob)")
+            continue
+        try:
+            job, p, _ = resolve_doc(doc, source, args.overrides, merged)
+        except SpecError as exc:
+            invalid += 1
+            n = len(exc.errors)
+            print(
+                f"error: {source} is invalid ({n} problem{'s' if n != 1 else ''}):", file=sys.stderr
+            )
+            for err in exc.errors:
+                print(f"  - {err}", file=sys.stderr)
+            continue
+        _print_valid(source, job, p)
+    return EXIT_INVALID if invalid else 0
+
+
+def _print_valid(source: str, job: MegatronJob, p: Plan) -> None:
+    from megatron_operator.core import command
     from megatron_operator.core.advice import warnings
 
-    job, p, _ = load_resolved(args.file, args.overrides, args.defaults)
     memory = (
         f"~{p.memory.per_gpu_gib:.1f} GiB per GPU"
         if p.memory is not None
@@ -32,12 +62,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     )
     runs = f"; runs {' '.join(job.spec.trainer.command)}" if job.spec.trainer else ""
     print(
-        f"{args.file}: MegatronJob {job.name} is valid: {p.layout_string()} on {p.nodes} × "
+        f"{source}: MegatronJob {job.name} is valid: {p.layout_string()} on {p.nodes} × "
         f"{p.procs_per_node} ({p.world_size} ranks), {memory}{runs}"
     )
-    for w in warnings(job.spec):
+    for w in [*warnings(job.spec), *command.warnings(job.spec)]:
         print(f"  warning: {w}")
-    return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -170,7 +170,9 @@ class Metrics:
         running = (
             parse_time(status.get("runningSince")) if status.get("phase") == "Running" else None
         )
-        if running is not None:
+        if running is not None and not _no_progress_source(spec):
+            # Without it MegatronJobNoProgress has nothing to measure from: a job that declared
+            # no progress source (trainer.progress None) is never judged idle.
             self.running_since.labels(namespace, name).set(running.timestamp())
         else:
             self._remove(self.running_since, namespace, name)
@@ -276,6 +278,11 @@ class Metrics:
     def _remove(metric: Gauge | Counter, *labels: str) -> None:
         with contextlib.suppress(KeyError):
             metric.remove(*labels)
+
+
+def _no_progress_source(spec: dict[str, Any] | None) -> bool:
+    trainer = spec.get("trainer") if isinstance(spec, dict) else None
+    return isinstance(trainer, dict) and trainer.get("progress") == "None"
 
 
 def _number(value: object) -> float | None:

@@ -36,6 +36,9 @@ Path = tuple[str, ...]
 # The trainer image of a job that names none when no defaults do: the name the release builds
 # and the chart's trainerImage defaults to (docs/install.md, "Images").
 DEFAULT_TRAINER_IMAGE = "ghcr.io/megatron-operator/trainer:0.3.0"
+# The image of a trainer.command job's launcher init container when no defaults name one: the
+# operator image of this release (the chart sets its own image, defaults `launcherImage`).
+DEFAULT_LAUNCHER_IMAGE = "ghcr.io/megatron-operator/operator:0.3.0"
 # Lists merged by a key of their entries ("[]" stands for any entry of the list above it).
 _KEYED: dict[Path, str] = {
     ("env",): "name",
@@ -120,6 +123,9 @@ class Layer:
 
     source: str
     spec: Mapping[str, Any]
+    # The operator's own defaults (its --job-defaults, or such a file given to mjob), not a
+    # namespace's MegatronJobDefaults: only these may name the launcher image.
+    operator: bool = False
 
 
 def resolve(layers: Sequence[Layer]) -> tuple[dict[str, Any] | None, list[FieldError]]:
@@ -141,6 +147,16 @@ def resolve(layers: Sequence[Layer]) -> tuple[dict[str, Any] | None, list[FieldE
             continue
         # Only what the layer sets: an empty list or map the CRD filled in says nothing.
         api = _prune(spec.model_dump(by_alias=True, exclude_defaults=True, mode="json"), ())
+        if "launcherImage" in api and not (layer.operator or layer.source == OPERATOR_SOURCE):
+            # The code every trainer.command pod runs first: the operator's to choose.
+            errors.append(
+                FieldError(
+                    f"{KIND} {layer.source}: spec.launcherImage",
+                    "only the operator's own defaults (--job-defaults) may set the launcher "
+                    "image: remove it",
+                )
+            )
+            continue
         if api:
             merged = _merge(merged, api, ())
             sources.append(layer.source)
@@ -189,6 +205,7 @@ class Platform:
     run_as_user: int | None = DEFAULT_UID
     run_as_group: int | None = DEFAULT_UID
     fs_group: int | None = DEFAULT_UID
+    launcher_image: str = DEFAULT_LAUNCHER_IMAGE  # a trainer.command's launcher init container
 
 
 def platform(defaults: Mapping[str, Any]) -> Platform:
@@ -200,13 +217,15 @@ def platform(defaults: Mapping[str, Any]) -> Platform:
         return Platform()
     sa = spec.service_account.annotations if spec.service_account else {}
     ident = spec.pod_security_context
+    launcher = spec.launcher_image or DEFAULT_LAUNCHER_IMAGE
     if ident is None:
-        return Platform(service_account_annotations=dict(sa))
+        return Platform(service_account_annotations=dict(sa), launcher_image=launcher)
     return Platform(
         service_account_annotations=dict(sa),
         run_as_user=ident.run_as_user,
         run_as_group=ident.run_as_group,
         fs_group=ident.fs_group,
+        launcher_image=launcher,
     )
 
 

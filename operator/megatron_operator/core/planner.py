@@ -30,6 +30,7 @@ from megatron_contract.rules import Layout, Problem, check, default_sequence_par
 from megatron_operator.api.errors import FieldError, SpecError
 from megatron_operator.api.spec import FABRIC_RESOURCES, MegatronJobSpec, ParallelismSpec
 from megatron_operator.core import layouts
+from megatron_operator.core.command import problems as command_problems
 from megatron_operator.core.layouts import Suggestion
 from megatron_operator.core.memory import MemoryEstimate, ParallelDegrees, estimate
 from megatron_operator.core.resolve import resolve_model
@@ -594,6 +595,7 @@ def _plan(spec: MegatronJobSpec) -> Plan:
     layout, degrees, dp = _layout_of(spec, model)
     errors.extend(field_error(p) for p in check(layout))
     errors.extend(_spec_rules(spec, dp))
+    errors.extend(command_problems(spec))  # a trainer.command's $(VAR) that nothing sets
     if errors or dp is None:
         raise SpecError(errors)
     mem = _memory(spec, model, degrees, layout.training)

@@ -766,7 +766,7 @@ class _Machine:
     def restart_timeout(self, job: MegatronJob) -> Failure | None:
         """An attempt restarted in place (or with a pod replaced) must report a training step
         within inPlaceTimeoutSeconds of its release; otherwise the gang is recreated."""
-        if self.st.gang >= self.st.restart_attempt or self.stepped():
+        if self.st.gang >= self.st.restart_attempt or self.stepped() or blind(job):
             return None
         released = since(self.st.conditions, C.RESTARTING, False, Reason.RESTARTED)
         if released is None:
@@ -789,7 +789,7 @@ class _Machine:
     def hang(self, job: MegatronJob, current: list[PodView]) -> Failure | None:
         timeout = job.spec.restart_policy.hang_timeout_seconds
         since = parse_time(self.st.running_since)
-        if timeout == 0 or self.st.phase != Phase.RUNNING or since is None:
+        if timeout == 0 or self.st.phase != Phase.RUNNING or since is None or blind(job):
             return None
         rank0 = next((x for x in current if x.node_rank == 0), None)
         last = since
@@ -1025,6 +1025,12 @@ class _Machine:
         if busy:
             self.out.requeue_after = min(self.out.requeue_after, 5.0)
         return self.out
+
+
+def blind(job: MegatronJob) -> bool:
+    """A trainer.command with no progress source (trainer.progress None): no step ever comes,
+    so neither the hang rule nor the in-place restart's wait for a step can judge it."""
+    return job.spec.trainer is not None and job.spec.trainer.progress == "None"
 
 
 def launcher_lost(x: PodView, when: str) -> Failure:

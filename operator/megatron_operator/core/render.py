@@ -478,10 +478,39 @@ def _claim(
 
 
 def restart_strategy(job: MegatronJob) -> str:
-    """How the pods' launchers handle a failed rank. A trainer.command's ranks are foreign
-    processes the launcher cannot keep waiting for the next attempt, and it speaks no in-place
-    protocol for them: its gang is recreated (ladder.choose reads this from the pods)."""
-    return "Recreate" if job.spec.trainer is not None else job.spec.restart_policy.strategy
+    """How the pods' launchers handle a failed rank (ladder.choose reads this from the pods):
+    spec.restartPolicy.strategy, for the built-in trainer and a trainer.command alike (the
+    launcher restarts a command's rank processes in place as it does the worker's)."""
+    return job.spec.restart_policy.strategy
+
+
+def _launcher(job: MegatronJob, platform: Platform) -> tuple[list[str], Obj | None]:
+    """The trainer container's command, and the init container that delivers the launcher.
+
+    The built-in trainer's image holds the launcher (`python -m megatron_trainer`). A
+    trainer.command runs in the user's image, unchanged: the operator's image copies the
+    launcher zipapp into an emptyDir, and the image's own python3 runs it (3.8 or newer)."""
+    if job.spec.trainer is None:
+        return ["python", "-m", "megatron_trainer"], None
+    init: Obj = {
+        "name": paths.INIT_CONTAINER_LAUNCHER,
+        "image": platform.launcher_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["mjob", "launcher", "install", paths.LAUNCHER_ZIPAPP],
+        "volumeMounts": [{"name": paths.VOLUME_LAUNCHER, "mountPath": paths.LAUNCHER_MOUNT}],
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "64Mi"},
+            "limits": {"cpu": "1", "memory": "256Mi"},
+        },
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,
+        },
+    }
+    return ["python3", paths.LAUNCHER_ZIPAPP], init
 
 
 def _pod_security(platform: Platform) -> Obj:
@@ -515,12 +544,18 @@ def pod(
     caps: Obj = {"drop": ["ALL"]}
     if _needs_ipc_lock(job):
         caps["add"] = ["IPC_LOCK"]
+    command, launcher = _launcher(job, platform)
+    if launcher is not None:
+        volumes.append({"name": paths.VOLUME_LAUNCHER, "emptyDir": {"sizeLimit": "64Mi"}})
+        mounts.append(
+            {"name": paths.VOLUME_LAUNCHER, "mountPath": paths.LAUNCHER_MOUNT, "readOnly": True}
+        )
     container: Obj = {
         "name": CONTAINER_NAME,
         # Unset once the platform's defaults are merged (core/defaults.py): the built-in name.
         "image": s.image or DEFAULT_TRAINER_IMAGE,
         "imagePullPolicy": s.image_pull_policy,
-        "command": ["python", "-m", "megatron_trainer"],
+        "command": command,
         # The trainer writes why it stopped to the termination log; a crash that writes nothing
         # leaves the log's tail there instead, so status.lastFailure always says something.
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -551,6 +586,8 @@ def pod(
         "containers": [container],
         "volumes": volumes,
     }
+    if launcher is not None:
+        spec["initContainers"] = [launcher]
     if s.resources.node_selector:
         spec["nodeSelector"] = dict(s.resources.node_selector)
     if s.resources.tolerations:

@@ -63,7 +63,7 @@ def trainer_config(job: MegatronJob, plan: Plan) -> TrainerConfig | LaunchConfig
         return TrainerConfig(
             info, m, parallelism, tr, d, checkpoint, plan.resources, progress, plan.profiling, None
         )
-    command = CommandConfig(tuple(t.command), tuple(t.args)) if t is not None else None
+    command = CommandConfig(tuple(t.command), tuple(t.args), t.progress) if t is not None else None
     return LaunchConfig(
         info, m, parallelism, tr, d, checkpoint, plan.resources, progress, plan.profiling, command
     )

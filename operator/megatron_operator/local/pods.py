@@ -33,6 +33,7 @@ from megatron_contract.paths import (
     CONTAINER_NAME,
     DATA_MOUNT,
     INIT_MOUNT,
+    LAUNCHER_ZIPAPP,
 )
 from megatron_operator.api import FieldError, MegatronJobSpec
 from megatron_operator.core.names import ANNOTATION_RESTART_STRATEGY
@@ -74,6 +75,11 @@ class Layout:
     def report(self) -> Path:
         """The launchers' report (the progress Lease's annotation in a cluster)."""
         return self.workdir / "launchers.json"
+
+    @property
+    def launcher(self) -> Path:
+        """The launcher zipapp a trainer.command's pods run (built once per run)."""
+        return self.workdir / "launcher.pyz"
 
     @property
     def coordinator_key(self) -> Path:
@@ -226,8 +232,10 @@ def local_pods(
         if SCRATCH in env:
             env[SCRATCH] = str(layout.scratch / pod["metadata"]["name"])
         argv = list(container["command"]) + list(container.get("args", []))
-        if argv and argv[0] == "python":
+        if argv and argv[0] in ("python", "python3"):
             argv[0] = python  # the image's interpreter is this environment's
+        if argv[1:2] == [LAUNCHER_ZIPAPP]:
+            argv[1] = str(layout.launcher)  # the init container's copy: built by the runner
         out.append(
             LocalPod(
                 name=pod["metadata"]["name"],

@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from megatron_contract.ladder import parse_report
 from megatron_contract.ports import free_port
+from megatron_operator import zipapp
 from megatron_operator.api.job import API_VERSION, KIND, MegatronJob
 from megatron_operator.api.status import Phase
 from megatron_operator.core.observe import LeaseView, PodView, parse_progress
@@ -294,6 +295,9 @@ class LocalRunner:
         for pod in local_pods(
             objs, self.layout, self.python, self.master_port, self.coordinator_port
         ):
+            if str(self.layout.launcher) in pod.argv and not self.layout.launcher.exists():
+                # What the init container copies in a cluster: built from this checkout.
+                zipapp.build(self.layout.launcher, "local")
             log = (logs / f"{pod.name}.log").open("wb")
             proc = subprocess.Popen(
                 pod.argv,

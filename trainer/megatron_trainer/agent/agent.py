@@ -23,6 +23,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from megatron_contract.exitcodes import ExitCode
 from megatron_contract.ladder import DECISION_TIMEOUT_SECONDS
@@ -31,7 +32,6 @@ from .coordinator import now_text
 from .ranks import Ranks
 from .wire import (
     Conn,
-    Message,
     ProtocolError,
     count,
     hello_mac,
@@ -40,6 +40,9 @@ from .wire import (
     same,
     welcome_mac,
 )
+
+if TYPE_CHECKING:
+    from .wire import Message
 
 log = logging.getLogger(__name__)
 

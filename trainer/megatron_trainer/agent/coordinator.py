@@ -32,7 +32,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from megatron_contract.ladder import (
     MAX_FAILURES,
@@ -49,7 +50,6 @@ from .wire import (
     HELLO_TIMEOUT_SECONDS,
     MAX_PENDING,
     Conn,
-    Message,
     ProtocolError,
     count,
     hello_mac,
@@ -58,6 +58,9 @@ from .wire import (
     same,
     welcome_mac,
 )
+
+if TYPE_CHECKING:
+    from .wire import Message
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +73,7 @@ REPORT_SETTLE_SECONDS = 0.05
 
 
 def now_text() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def raise_fd_limit() -> None:

@@ -11,8 +11,9 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from megatron_contract.env import RuntimeEnv
 
@@ -20,16 +21,20 @@ from .agent import Agent
 from .coordinator import Coordinator
 from .kubeapi import Api
 from .procs import become_subreaper
-from .ranks import EnvFor, RankProcesses, Wrap
+from .ranks import RankProcesses
 from .sources import FileSink, JobWatch, LeaseSink, Sink, Source, StatusFile
 from .wire import read_key
+
+if TYPE_CHECKING:
+    from .output import RankOutput
+    from .ranks import Command, EnvFor, Wrap
 
 COORDINATOR_NODE_RANK = 0  # the pod behind MASTER_ADDR; losing it recreates the gang
 
 
 def say(text: str) -> None:
     """A line of the pod's log, with the time (a restart's steps are seconds apart)."""
-    now = datetime.now(UTC).strftime("%H:%M:%S.%f")[:-3]
+    now = datetime.now(timezone.utc).strftime("%H:%M:%S.%f")[:-3]
     print(f"megatron_trainer: {now} {text}", file=sys.stderr, flush=True)
 
 
@@ -86,11 +91,12 @@ class _NoSink:
 
 def run(
     env: RuntimeEnv,
-    command: Sequence[str],
+    command: Command,
     env_for: EnvFor,
     zygote: Sequence[str] | None = None,
     wrap: Wrap | None = None,
     cold: set[int] | None = None,
+    output: RankOutput | None = None,
 ) -> int:
     if env.coordinator_key_file is None:
         raise ValueError("the InPlace launcher needs the job's coordinator key file")
@@ -118,7 +124,7 @@ def run(
             f"coordinating {env.nnodes} launcher(s) on port {coordinator.port}; decisions from "
             f"{where}" + ("" if source else ": a failed rank will end its pod")
         )
-    ranks = RankProcesses(env.nproc_per_node, command, env_for, zygote, wrap, cold)
+    ranks = RankProcesses(env.nproc_per_node, command, env_for, zygote, wrap, cold, output)
     # The zygote imports while this launcher connects and waits for the gang's first start.
     ranks.prepare(env.restart_attempt, env.master_port)
     wake_r, wake_w = os.pipe()

@@ -37,6 +37,16 @@ def exit_code(status: int) -> int:
     return 128 - status if status < 0 else status
 
 
+def wait_code(status: int) -> int:
+    """The exit code of a `os.waitpid` status, in the shell's convention (`exit_code`).
+    `os.waitstatus_to_exitcode` does this from Python 3.9; the launcher runs on 3.8 too."""
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    return 128 + os.WSTOPSIG(status)  # stopped: only with WUNTRACED, which we never pass
+
+
 def send(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)

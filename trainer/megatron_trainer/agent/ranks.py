@@ -13,9 +13,9 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from .procs import _die_with_parent, descendants, exit_code, send
+from .procs import _die_with_parent, descendants, send, wait_code
 from .zygote import Zygote
 
 
@@ -44,8 +44,13 @@ class Ranks(Protocol):
         ...
 
 
-EnvFor = Callable[[int, int, int], Mapping[str, str]]  # (local rank, attempt, port) → env
-Wrap = Callable[[int, int, list[str]], list[str]]  # (local rank, attempt, command) → command
+if TYPE_CHECKING:  # aliases for annotations only: `X[...]` of a builtin needs 3.9 at run time
+    from .output import RankOutput
+
+    EnvFor = Callable[[int, int, int], Mapping[str, str]]  # (local rank, attempt, port) → env
+    Wrap = Callable[[int, int, list[str]], list[str]]  # (local rank, attempt, command) → command
+    # A rank's argv: fixed, or from its env (a trainer.command's $(VAR) expanded per rank).
+    Command = Sequence[str] | Callable[[Mapping[str, str]], list[str]]
 
 
 class Forked:
@@ -69,14 +74,16 @@ class RankProcesses:
     def __init__(
         self,
         nproc: int,
-        command: Sequence[str],
+        command: Command,
         env_for: EnvFor,
         zygote: Sequence[str] | None = None,
         wrap: Wrap | None = None,
         cold: set[int] | None = None,
+        output: RankOutput | None = None,
     ) -> None:
         self.nproc = nproc
-        self.command = list(command)
+        self.command = command if callable(command) else list(command)
+        self.output = output  # a trainer.command's output is read on its way to the log
         self.env_for = env_for
         self.zygote_command = list(zygote) if zygote else None
         self.zygote: Zygote | None = None
@@ -112,12 +119,17 @@ class RankProcesses:
                 self.warm += 1
                 self._claim(local, Forked(pid))
                 continue
-            command = self.wrap(local, attempt, self.command) if self.wrap else self.command
+            argv = self.command(env) if callable(self.command) else self.command
+            command = self.wrap(local, attempt, argv) if self.wrap else argv
             proc = subprocess.Popen(
                 command,
                 env=env,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - only a pre-resolved prctl
+                stdout=subprocess.PIPE if self.output is not None else None,
+                stderr=subprocess.PIPE if self.output is not None else None,
             )
+            if self.output is not None:
+                self.output.attach(local, proc)
             self.procs[proc.pid] = (local, proc)
 
     def _claim(self, local: int, proc: Forked) -> None:
@@ -143,7 +155,7 @@ class RankProcesses:
                 break
             if pid == 0:
                 break
-            code = exit_code(os.waitstatus_to_exitcode(status))
+            code = wait_code(status)
             entry = self.procs.pop(pid, None)
             if entry is None:
                 if self.zygote is not None and pid == self.zygote.pid:

@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.error
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from megatron_contract.ladder import (
     REPORT_ANNOTATION,
@@ -30,7 +30,8 @@ from .kubeapi import Api, job_list_path, lease_path
 
 log = logging.getLogger(__name__)
 
-Deliver = Callable[[int, str | None], None]  # (status.restartAttempt, status.phase)
+if TYPE_CHECKING:  # for annotations only (the launcher runs on Python 3.8 too)
+    Deliver = Callable[[int, str | None], None]  # (status.restartAttempt, status.phase)
 WATCH_SECONDS = 300
 
 

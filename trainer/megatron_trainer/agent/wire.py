@@ -36,10 +36,11 @@ import json
 import secrets
 import socket
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 MAX_LINE = 4096
-Message = dict[str, Any]
+if TYPE_CHECKING:  # for annotations only (the launcher runs on Python 3.8 too)
+    Message = dict[str, Any]
 # Until a valid hello, a connection may not stay longer than this, and no more than MAX_PENDING
 # of them are kept (the oldest goes first): idle connections cannot crowd out the launchers.
 HELLO_TIMEOUT_SECONDS = 5.0

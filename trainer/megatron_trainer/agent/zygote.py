@@ -98,7 +98,8 @@ class Zygote:
             if line == "ready":
                 self.state = "ready"
             else:
-                self.reason = (line or "no answer").removeprefix("unsafe ")
+                text = line or "no answer"
+                self.reason = text[len("unsafe ") :] if text.startswith("unsafe ") else text
                 self.close("unsafe" if line and line.startswith("unsafe ") else "gone")
         return self.state == "ready"
 

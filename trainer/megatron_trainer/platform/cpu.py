@@ -252,7 +252,7 @@ def check_version() -> None:
         raise RuntimeError(
             f"the CPU platform's Megatron-Core patches are pinned to megatron-core=="
             f"{MEGATRON_CORE_VERSION}, but {found} is installed; install the pinned version "
-            "(pip install 'megatron-operator[trainer]') or re-verify the patches in "
+            "(pip install -e '.[trainer]' from a checkout of this repository) or re-verify the patches in "
             "megatron_trainer/platform/cpu.py"
         )
 
