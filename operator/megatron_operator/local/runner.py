@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import time
@@ -170,9 +171,12 @@ class LocalRunner:
                 signal.signal(s, handler)
             for r in self.pods.values():
                 r.log.close()
+            shutil.rmtree(self.layout.workdir / "memory", ignore_errors=True)  # the pods' memory
 
     def _run(self) -> Result:
         self.layout.checkpoints.mkdir(parents=True, exist_ok=True)
+        # An earlier run's pods are gone, and their memory with them.
+        shutil.rmtree(self.layout.workdir / "memory", ignore_errors=True)
         write_key(self.layout.coordinator_key)
         self.progress.read_new()  # skip reports of an earlier run in this workdir
         for stale in (self.layout.status, self.layout.report):  # an earlier run's decisions
@@ -224,6 +228,8 @@ class LocalRunner:
             for r in doomed:
                 r.log.close()
                 del self.pods[r.name]
+                # A deleted pod's memory volume goes with it.
+                shutil.rmtree(self.layout.memory(r.name), ignore_errors=True)
         if out.create_pods:
             self._start([*out.create, *out.create_pods], attempt)
         elif any(o["kind"] == "ConfigMap" for o in out.create):  # released in place
