@@ -25,7 +25,7 @@ Python 3.8 compatible: the launcher imports this package.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 MEMORY = "Memory"  # every rank read its own pod's memory
 PEER = "Peer"  # some rank read a copy in another pod's memory, the rest their own
@@ -43,7 +43,7 @@ GENERATIONS = 2
 _EXPECTED = {"InPlace": MEMORY, "ReplacePod": PEER, "Recreate": DURABLE}
 
 
-def expected(rung: Optional[str], replica: bool) -> str:
+def expected(rung: str | None, replica: bool) -> str:
     """The cheapest tier the rung leaves: what the attempt restores from when every snapshot
     it needs completed. Without a replica, a replaced pod's ranks have only the durable tier."""
     tier = _EXPECTED.get(rung or "", DURABLE)
@@ -53,8 +53,8 @@ def expected(rung: Optional[str], replica: bool) -> str:
 
 
 def choose(
-    memory_step: Optional[int], all_own: bool, durable_step: Optional[int]
-) -> Tuple[str, Optional[int]]:
+    memory_step: int | None, all_own: bool, durable_step: int | None
+) -> tuple[str, int | None]:
     """(tier, step) to restore from. `memory_step`: the newest step every rank holds completely
     in some pod's memory (None: none); `all_own`: every rank holds that step in its own pod's
     memory; `durable_step`: the newest complete durable checkpoint (None: none)."""
@@ -75,14 +75,14 @@ def replica_source(rank: int, procs_per_node: int, world_size: int) -> int:
     return (rank - procs_per_node) % world_size
 
 
-def restored_json(tier: str, step: Optional[int]) -> Dict[str, Any]:
-    body: Dict[str, Any] = {"tier": tier}
+def restored_json(tier: str, step: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"tier": tier}
     if step is not None:
         body["step"] = step
     return body
 
 
-def parse_restored(value: object, max_step: int = 2**62) -> Optional[Tuple[str, Optional[int]]]:
+def parse_restored(value: object, max_step: int = 2**62) -> tuple[str, int | None] | None:
     """(tier, step) of a record's `restored`, or None when absent or not in this shape."""
     if not isinstance(value, dict):
         return None

@@ -330,7 +330,9 @@ class Trainer:
         if found is not None:
             problem = check_record(found.record, model_fingerprint(self.cfg.model_json), self.cfg)
             if problem:
-                self._log_rank0("RESUME: not from the %s snapshot of step %s: %s", tier, step, problem)
+                self._log_rank0(
+                    "RESUME: not from the %s snapshot of step %s: %s", tier, step, problem
+                )
                 return snapshots, None
         return snapshots, found
 
@@ -340,8 +342,9 @@ class Trainer:
         self._log_rank0(
             "RESUME: loading the snapshot of iteration %d from %s (%s tier, found in %.2fs)",
             found.step,
-            "every pod's own memory" if found.tier == tiers.MEMORY else "memory, with the "
-            "copies a peer pod holds for the ranks that lost theirs",
+            "every pod's own memory"
+            if found.tier == tiers.MEMORY
+            else "memory, with the copies a peer pod holds for the ranks that lost theirs",
             found.tier,
             found.seconds,
         )
@@ -609,8 +612,10 @@ class Trainer:
                 )
             else:
                 self.checkpointer.finalize(blocking=False)
-            if self.snapshots is not None and self.snapshots.due(self.iteration) and not (
-                stopping or last
+            if (
+                self.snapshots is not None
+                and self.snapshots.due(self.iteration)
+                and not (stopping or last)
             ):
                 state = self.checkpointer.snapshot_state(
                     self.iteration,

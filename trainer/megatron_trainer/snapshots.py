@@ -47,6 +47,10 @@ from typing import Any
 import torch
 from megatron.core import parallel_state
 from megatron.core.dist_checkpointing.tensor_aware_state_dict import MCoreTensorAwareStateDict
+from nvidia_resiliency_ext.checkpointing.local.ckpt_managers.base_manager import (
+    CheckpointingException,
+    SameMachineReplicationException,
+)
 from nvidia_resiliency_ext.checkpointing.local.ckpt_managers.local_manager import (
     LocalCheckpointManager,
 )
@@ -122,7 +126,7 @@ class RingReplication(CliqueReplicationStrategy):  # type: ignore[misc]
         their_body = torch.empty(their_body_len, dtype=torch.uint8, device=self.comm_device)
         their_flat = torch.empty(their_flat_len, dtype=torch.uint8, device=self.comm_device)
         _exchange([(mine, target), (flat, target)], [(their_body, source), (their_flat, source)])
-        peer, peer_id = pickle.loads(their_body.cpu().numpy().tobytes())  # noqa: S301 - our gang's
+        peer, peer_id = pickle.loads(their_body.cpu().numpy().tobytes())
         peer.init_tensors()
         _unflatten(their_flat.cpu(), list(peer.tensors))
         self.sent_bytes = int(flat.numel())
@@ -146,13 +150,28 @@ def _unflatten(flat: torch.Tensor, into: list[torch.Tensor]) -> None:
         raise ValueError(f"a peer's snapshot has {flat.numel()} bytes, its layout {offset}")
 
 
-def _exchange(
-    sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]
-) -> None:
+def _exchange(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> None:
     ops = [torch.distributed.P2POp(torch.distributed.isend, t, peer) for t, peer in sends]
     ops += [torch.distributed.P2POp(torch.distributed.irecv, t, peer) for t, peer in recvs]
     for work in torch.distributed.batch_isend_irecv(ops):
         work.wait()
+
+
+class PodMemory(LocalCheckpointManager):  # type: ignore[misc]
+    """LocalCheckpointManager whose failed write (a full memory volume) fails the snapshot on
+    every rank alike instead of ending this rank: the manager's check that follows finds the
+    step incomplete everywhere and raises CheckpointingException on every rank, which
+    `Snapshots.save` logs. Training goes on with the previous snapshot."""
+
+    def _save(self, state_dict: Any, ckpt_id: Any) -> None:
+        try:
+            super()._save(state_dict, ckpt_id)
+        except SameMachineReplicationException:
+            raise
+        except OSError as err:
+            log.warning("snapshot %s not written to %s: %s", ckpt_id[:2], self.local_ckpt_dir, err)
+            for path in Path(self.local_ckpt_dir).glob("*.dirty.pt"):
+                path.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -190,7 +209,7 @@ class Snapshots:
         # The pod's own directory: the env names it (each local "pod" has its own), else the
         # config's (the volume's mount, the same in every pod).
         root = os.environ.get(MEMORY_CHECKPOINT_DIR) or memory.dir
-        self.manager = LocalCheckpointManager(root, session_id=session, repl_strategy=strategy)
+        self.manager = PodMemory(root, session_id=session, repl_strategy=strategy)
         # Megatron-LM's default algorithm where it runs (CUDA), `atomic` on the CPU platform.
         self.algo = "fully_parallel" if platform.is_cuda else "atomic"
         self.cached_distribution: Any = None
@@ -220,7 +239,8 @@ class Snapshots:
             state, _ = self.manager.load()
             found = Found(tier, chosen, state, time.monotonic() - started)
             self.newest = chosen
-        self._drop_after(chosen if tier in (tiers.MEMORY, tiers.PEER) else -1)
+        keep = chosen if tier in (tiers.MEMORY, tiers.PEER) and chosen is not None else -1
+        self._drop_after(keep)
         return tier, chosen, found
 
     def _drop_after(self, step: int) -> None:
@@ -239,7 +259,9 @@ class Snapshots:
         loaded: dict[str, Any] = found.state.to_state_dict(
             template,
             algo=self.algo,
-            parallelization_group=parallel_state.get_data_parallel_group(with_context_parallel=True),
+            parallelization_group=parallel_state.get_data_parallel_group(
+                with_context_parallel=True
+            ),
         )
         return loaded
 
@@ -253,11 +275,18 @@ class Snapshots:
         tasd, self.cached_distribution = MCoreTensorAwareStateDict.from_state_dict(
             state,
             algo=self.algo,
-            parallelization_group=parallel_state.get_data_parallel_group(with_context_parallel=True),
+            parallelization_group=parallel_state.get_data_parallel_group(
+                with_context_parallel=True
+            ),
             cached_metadata=self.cached_distribution,
         )
         self.bytes = sum(t.nbytes for t in tasd.tensors)
-        self.manager.save(tasd, iteration, is_async=False)
+        try:
+            self.manager.save(tasd, iteration, is_async=False)
+        except CheckpointingException as err:  # raised on every rank alike (PodMemory)
+            if self.rank == 0:
+                log.warning("snapshot of iteration %d skipped: %s", iteration, err)
+            return
         self.newest = iteration
 
     def held_bytes(self) -> int:

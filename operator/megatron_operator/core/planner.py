@@ -29,9 +29,8 @@ from megatron_contract.paths import INIT_MOUNT
 from megatron_contract.rules import Layout, Problem, check, default_sequence_parallel, divisors
 from megatron_operator.api.errors import FieldError, SpecError
 from megatron_operator.api.spec import FABRIC_RESOURCES, MegatronJobSpec, ParallelismSpec
-from megatron_operator.core import layouts
+from megatron_operator.core import layouts, tiers
 from megatron_operator.core.layouts import Suggestion
-from megatron_operator.core import tiers
 from megatron_operator.core.memory import MemoryEstimate, ParallelDegrees, estimate
 from megatron_operator.core.resolve import resolve_model
 

@@ -4,12 +4,14 @@ hold (megatron_contract/tiers.py has the rule that picks a tier at restore)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from megatron_contract import tiers
 from megatron_contract.ladder import IN_PLACE
+from megatron_operator.api.base import quantity_value
 from megatron_operator.api.errors import FieldError
 from megatron_operator.api.spec import MegatronJobSpec
-from megatron_operator.api.base import quantity_value
+from megatron_operator.core.jobstatus import JobStatus
 from megatron_operator.core.memory import (
     MemoryEstimate,
     ParallelDegrees,
@@ -72,3 +74,20 @@ def host_memory_error(spec: MegatronJobSpec, held: int | None) -> FieldError | N
         f"{limit}: raise resources.limits.memory, set checkpoint.memory.replica: false, or "
         "checkpoint.memory.interval: 0 (no in-memory checkpoints)",
     )
+
+
+MAX_RESTORES = 16  # status.restores keeps the newest this many
+
+
+def remember(st: JobStatus, attempt: int, tier: str, step: int | None) -> None:
+    """Record in status.restores where `attempt` restored from (once per attempt)."""
+    kept = [
+        r
+        for r in st.restores or []
+        if isinstance(r.get("attempt"), int) and r.get("attempt") != attempt
+    ]
+    entry: dict[str, Any] = {"attempt": attempt, "tier": tier}
+    if step is not None:
+        entry["step"] = step
+    kept = sorted([*kept, entry], key=lambda r: r.get("attempt", 0))
+    st.restores = kept[-MAX_RESTORES:]

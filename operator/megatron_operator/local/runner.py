@@ -324,9 +324,24 @@ class LocalRunner:
             return
         pids = [r.proc.pid for r in self.pods.values() if r.code is None]
         for inj in due(self.injections, step, attempt, self.injected_attempt):
-            if fire(inj, pids):
+            fired = self._kill_pod(inj) if inj.pod is not None else fire(inj, pids)
+            if fired:
                 self.injected_attempt = attempt
                 self.display.event(f"injected failure: {inj.describe()} (reached step {step})")
+
+    def _kill_pod(self, inj: Injection) -> bool:
+        """SIGKILL a whole pod's process group (launcher, zygote, ranks): a lost node."""
+        pod = next(
+            (r for r in self.pods.values() if r.node_rank == inj.pod and r.proc.poll() is None),
+            None,
+        )
+        if pod is None:
+            return False
+        _killpg(pod.proc.pid, signal.SIGKILL)
+        inj.fired, inj.fired_at = True, time.time()
+        pod.proc.wait()
+        inj.died_at = time.time()
+        return True
 
     def _stop(self, pods: list[Running]) -> None:
         """SIGTERM each pod's process group, wait up to the grace period, then SIGKILL."""
