@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import statistics
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -617,6 +618,7 @@ class Trainer:
                 and self.snapshots.due(self.iteration)
                 and not (stopping or last)
             ):
+                snapping = time.monotonic()
                 state = self.checkpointer.snapshot_state(
                     self.iteration,
                     self.consumed_samples,
@@ -626,6 +628,7 @@ class Trainer:
                     step.loss,
                 )
                 self.snapshots.save(self.iteration, state)
+                self.snapshots.seconds.append(time.monotonic() - snapping)
             self.save_seconds += time.monotonic() - saving
             if self.checkpointer.newest != last_ckpt_reported:
                 last_ckpt_reported = self.checkpointer.newest
@@ -707,6 +710,16 @@ class Trainer:
         )
 
     def _finish(self, code: int) -> int:
+        if self.snapshots is not None and self.snapshots.seconds:
+            # What the tiers cost this attempt (benchmarks/memory_tiers.py reads this line).
+            self._log_rank0(
+                "snapshots: %d written, median %.4fs each, %d bytes of this rank's state, "
+                "%d bytes in this rank's memory directory",
+                len(self.snapshots.seconds),
+                statistics.median(self.snapshots.seconds),
+                self.snapshots.bytes,
+                self.snapshots.held_bytes(),
+            )
         self.checkpointer.finalize(blocking=True)
         self.checkpointer.close()
         self.profiler.stop(self.iteration)

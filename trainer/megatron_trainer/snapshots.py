@@ -215,6 +215,7 @@ class Snapshots:
         self.cached_distribution: Any = None
         self.newest: int | None = None
         self.bytes = 0  # this rank's last snapshot (its own state, not the copy it holds)
+        self.seconds: list[float] = []  # each snapshot's stall (state dict, copy, write)
 
     @property
     def dir(self) -> Path:

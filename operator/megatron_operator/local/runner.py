@@ -390,6 +390,7 @@ class LocalRunner:
                 {
                     "step": i.step,
                     "rank": i.rank,
+                    "pod": i.pod,
                     "signal": i.signal,
                     "at": i.fired_at,
                     "diedAt": i.died_at,
