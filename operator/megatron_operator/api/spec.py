@@ -645,8 +645,8 @@ class MemoryCheckpointSpec(ApiModel):
         le=MAX_ITERATIONS,
         description="Steps between snapshots of every rank's state into its pod's memory "
         "volume; 0 turns the in-memory tiers off. Only with restartPolicy.strategy InPlace "
-        "(a recreated pod keeps no memory). The memory counts against the pod's: see "
-        "mjob plan for how much.",
+        "(a recreated pod keeps no memory), not with parallelism.fsdp. The memory counts "
+        "against the pod's: mjob plan prints how much.",
     )
     replica: bool = Field(
         True,

@@ -31,8 +31,14 @@ def strategy(spec: MegatronJobSpec) -> str:
 
 def enabled(spec: MegatronJobSpec) -> bool:
     """The pods get a memory volume: snapshots are asked for and a pod can outlive its ranks
-    (restart strategy InPlace; a recreated pod keeps no memory)."""
-    return spec.checkpoint.memory.interval > 0 and strategy(spec) == IN_PLACE
+    (restart strategy InPlace; a recreated pod keeps no memory). Not with Megatron FSDP: its
+    state is a DTensor state dict (fsdp_dtensor), not the sharded state dict Megatron-Core's
+    tensor-aware state dict is made from."""
+    return (
+        spec.checkpoint.memory.interval > 0
+        and strategy(spec) == IN_PLACE
+        and not spec.parallelism.fsdp
+    )
 
 
 def replicated(spec: MegatronJobSpec) -> bool:
@@ -44,7 +50,7 @@ def pod_bytes(
 ) -> int | None:
     """Host memory the tiers hold in each pod at most; None when off or not estimable (no
     model or training settings)."""
-    if not enabled(spec) or mem is None or precision is None:
+    if not enabled(spec) or mem is None or precision is None or d.fsdp:
         return None
     on_gpu = spec.resources.accelerator != "none"
     one = snapshot_bytes(mem.parameters_per_gpu, precision, d.dp * d.cp, dedup_weights=on_gpu)
