@@ -113,7 +113,7 @@ def estimate(cfg: dict[str, Any]) -> int | None:
         {
             "model": {"recipe": "gpt-tiny"},
             "parallelism": {"tensor": 1},
-            "training": {"globalBatchSize": t["globalBatchSize"],
+            "training": {"globalBatchSize": t["globalBatchSize"], "trainIters": t["trainIters"],
                          "microBatchSize": t["microBatchSize"], "precision": t["precision"]},
             "data": {"mock": True},
             "resources": {"nodes": res["nodes"], "procsPerNode": res["procsPerNode"],
