@@ -116,41 +116,83 @@ class RingReplication(CliqueReplicationStrategy):  # type: ignore[misc]
         tensors = local_ckpt.pop_tensors()
         body = pickle.dumps((local_ckpt, id_))
         local_ckpt.insert_tensors(tensors)
-        # One buffer per direction: the hollow state dict's pickle, then every tensor's bytes.
-        flat = _flatten(tensors, self.comm_device)
-        sizes = torch.tensor([len(body), flat.numel()], dtype=torch.int64, device=self.comm_device)
+        # The hollow state dict's pickle, then every tensor's bytes in one host buffer.
+        flat = _flatten(tensors)
+        dev = self.comm_device
+        sizes = torch.tensor([len(body), flat.numel()], dtype=torch.int64, device=dev)
         their_sizes = torch.empty_like(sizes)
         _exchange([(sizes, target)], [(their_sizes, source)])
         their_body_len, their_flat_len = (int(x) for x in their_sizes.tolist())
-        mine = torch.frombuffer(bytearray(body), dtype=torch.uint8).to(self.comm_device)
-        their_body = torch.empty(their_body_len, dtype=torch.uint8, device=self.comm_device)
-        their_flat = torch.empty(their_flat_len, dtype=torch.uint8, device=self.comm_device)
-        _exchange([(mine, target), (flat, target)], [(their_body, source), (their_flat, source)])
-        peer, peer_id = pickle.loads(their_body.cpu().numpy().tobytes())
+        their_body = _transfer(
+            torch.frombuffer(bytearray(body), dtype=torch.uint8),
+            their_body_len,
+            target,
+            source,
+            dev,
+        )
+        their_flat = _transfer(flat, their_flat_len, target, source, dev)
+        peer, peer_id = pickle.loads(their_body.numpy().tobytes())
+        # The copy is kept in host memory (as the manager stages its own snapshot), marked with
+        # the device it came from so that a load puts it back there.
+        devices = [sh.orig_device for sh in peer._sharded_tensors]
+        for sh in peer._sharded_tensors:
+            sh.orig_device = "cpu"
         peer.init_tensors()
-        _unflatten(their_flat.cpu(), list(peer.tensors))
+        for sh, device in zip(peer._sharded_tensors, devices, strict=True):
+            if device != "cpu":
+                sh.orig_device = device
+        _unflatten(their_flat, list(peer.tensors))
         self.sent_bytes = int(flat.numel())
         return [local_ckpt, peer], [id_, peer_id]
 
 
-def _flatten(tensors: list[torch.Tensor], device: str) -> torch.Tensor:
+# Over NCCL the bytes are staged on the GPU this much at a time: a copy of a rank's whole state
+# on its GPU would take the memory training needs.
+CHUNK_BYTES = 256 * 1024**2
+
+
+def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Every tensor's bytes, in order, in one host buffer."""
     if not tensors:
-        return torch.empty(0, dtype=torch.uint8, device=device)
-    parts = [t.detach().contiguous().reshape(-1).view(torch.uint8).to(device) for t in tensors]
+        return torch.empty(0, dtype=torch.uint8)
+    parts = [t.detach().contiguous().reshape(-1).view(torch.uint8).cpu() for t in tensors]
     return torch.cat(parts)
+
+
+def _transfer(
+    mine: torch.Tensor, theirs: int, target: int, source: int, device: str
+) -> torch.Tensor:
+    """Send the host buffer `mine` to `target` while receiving `theirs` bytes from `source`;
+    gloo sends host memory as it is, NCCL through device buffers of CHUNK_BYTES."""
+    received = torch.empty(theirs, dtype=torch.uint8)
+    if device == "cpu":
+        _exchange([(mine, target)], [(received, source)])
+        return received
+    for start in range(0, max(mine.numel(), theirs), CHUNK_BYTES):
+        send = mine[start : start + CHUNK_BYTES].to(device)
+        recv = torch.empty(
+            max(min(CHUNK_BYTES, theirs - start), 0), dtype=torch.uint8, device=device
+        )
+        _exchange(
+            [(send, target)] if send.numel() else [], [(recv, source)] if recv.numel() else []
+        )
+        received[start : start + recv.numel()].copy_(recv.cpu())
+    return received
 
 
 def _unflatten(flat: torch.Tensor, into: list[torch.Tensor]) -> None:
     offset = 0
     for tensor in into:
         n = tensor.numel() * tensor.element_size()
-        tensor.view(-1).view(torch.uint8).copy_(flat[offset : offset + n].to(tensor.device))
+        tensor.view(-1).view(torch.uint8).copy_(flat[offset : offset + n])
         offset += n
     if offset != flat.numel():
         raise ValueError(f"a peer's snapshot has {flat.numel()} bytes, its layout {offset}")
 
 
 def _exchange(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> None:
+    if not sends and not recvs:
+        return
     ops = [torch.distributed.P2POp(torch.distributed.isend, t, peer) for t, peer in sends]
     ops += [torch.distributed.P2POp(torch.distributed.irecv, t, peer) for t, peer in recvs]
     for work in torch.distributed.batch_isend_irecv(ops):
