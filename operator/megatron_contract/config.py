@@ -224,6 +224,15 @@ class InitConfig:
 
 
 @dataclass(frozen=True)
+class MemoryConfig:
+    """The in-memory tiers (megatron_contract/tiers.py): snapshots in the pod's memory volume."""
+
+    dir: str  # the pod's memory volume (tiers.MEMORY_MOUNT in a pod)
+    interval: int  # steps between snapshots
+    replica: bool  # a copy of each rank's snapshot in the next pod's memory
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     dir: str  # an absolute path, or an msc://PROFILE/PATH URL (object storage)
     save_interval: int
@@ -232,6 +241,7 @@ class CheckpointConfig:
     sharding_type: Annotated[str, Meta(choices=SHARDING_TYPES)]
     load: bool
     init: InitConfig | None
+    memory: MemoryConfig | None  # null: no in-memory tiers
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,9 @@ SEQUENCE_PARALLEL: Final = "MEGATRON_SEQUENCE_PARALLEL"  # "true" or "false"
 CHECKPOINT_DIR: Final = "MEGATRON_CHECKPOINT_DIR"  # the job's directory on the checkpoint volume
 DATA_DIR: Final = "MEGATRON_DATA_DIR"  # where spec.data.volume is mounted (only then)
 INIT_DIR: Final = "MEGATRON_INIT_DIR"  # where spec.checkpoint.init.volume is mounted (only then)
+# The pod's memory volume for in-memory checkpoints (megatron_contract/tiers.py; only with them):
+# a trainer.command's `--non-persistent-local-ckpt-dir $(MEGATRON_MEMORY_CHECKPOINT_DIR)`.
+MEMORY_CHECKPOINT_DIR: Final = "MEGATRON_MEMORY_CHECKPOINT_DIR"
 # The restart ladder (docs/contract.md §5): InPlace makes the launcher keep its pod through a
 # failed rank and wait for the operator's decision; Recreate (and unset) makes it exit with the
 # failed rank's code, as a plain launcher does.
@@ -110,6 +113,7 @@ RESERVED: Final = frozenset(
         CHECKPOINT_DIR,
         DATA_DIR,
         INIT_DIR,
+        MEMORY_CHECKPOINT_DIR,
     }
 )
 # What the launcher sets per rank: spec.env must not set these either (it would be overwritten).

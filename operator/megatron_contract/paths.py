@@ -12,6 +12,8 @@ CHECKPOINT_MOUNT: Final = "/mnt/checkpoints"  # the checkpoint volume's mount
 SHM_MOUNT: Final = "/dev/shm"  # the memory-backed shared memory NCCL and data loaders use
 DATA_MOUNT: Final = "/mnt/data"  # spec.data.volume's mount (read-only unless the spec says not)
 INIT_MOUNT: Final = "/mnt/init"  # spec.checkpoint.init.volume's mount (always read-only)
+# The pod's memory volume (an emptyDir with medium Memory) of the in-memory checkpoints.
+MEMORY_MOUNT: Final = "/mnt/memory-checkpoints"
 # The pod's parts the operator names: the trainer container, and the volumes behind the mounts
 # above. A job's spec.template may not redefine them (api/template.py).
 CONTAINER_NAME: Final = "trainer"
@@ -20,6 +22,7 @@ VOLUME_CHECKPOINTS: Final = "checkpoints"
 VOLUME_SHM: Final = "dshm"
 VOLUME_DATA: Final = "megatron-data"
 VOLUME_INIT: Final = "megatron-init"
+VOLUME_MEMORY: Final = "megatron-memory"  # at MEMORY_MOUNT
 VOLUME_MSC_CONFIG: Final = "megatron-msc-config"  # checkpoint.msc.configSecret, at MSC_CONFIG_MOUNT
 VOLUME_SCRATCH: Final = "megatron-scratch"  # the emptyDir at SCRATCH_MOUNT (with checkpoint.url)
 # A trainer.command's pods run the launcher from the operator's image, not from the job's: an init

@@ -136,6 +136,15 @@ def intruder_counts(c: RealCluster, ns: str) -> tuple[int, int]:
     return int(fields["challenges"]), int(fields["welcomed"])
 
 
+def check_restored(logs: Rank0Logs, attempt: int, tier: str) -> None:
+    """The attempt restored from `tier`, at most one step behind the last step an earlier
+    attempt reported (the trainer's own records)."""
+    first = next(r for r in logs.records if r.get("attempt") == attempt)
+    before = max(r["iteration"] for r in logs.records if r.get("attempt", 0) < attempt)
+    restored = first["restored"]
+    assert restored["tier"] == tier and before - restored["step"] <= 1, (restored, before)
+
+
 def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod(
     real_operator: RealCluster, tmp_path: Path
 ) -> None:
@@ -179,6 +188,8 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
         # other pod that lost its peer exits 1 a moment later.
         assert st["lastFailure"]["exitCode"] in (137, 1), st["lastFailure"]
         assert uids(c, ns, "ladder") == first
+        # ... from every pod's own memory, at most one step behind rank 0's last record.
+        check_restored(logs, attempt=1, tier="Memory")
         wait_attempt_step(c, logs, attempt=1, after=resumed["iteration"] + 2)
 
         # 2. The container of node rank 1 is killed: only that pod is replaced.
@@ -197,6 +208,8 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
         assert st["restarts"] == 2 and st["lastFailure"]["rung"] == "ReplacePod", st
         now = uids(c, ns, "ladder")
         assert now["0"] == first["0"] and now["1"] != first["1"], (first, now)
+        # Its ranks from the copy in the other pod's memory (the others from their own).
+        check_restored(logs, attempt=2, tier="Peer")
         replaced = next(p for p in pods_of(c, ns, "ladder") if p["metadata"]["uid"] == now["1"])
         assert replaced["metadata"]["name"] == "ladder-a2-1"
         assert replaced["spec"]["hostname"] == "ladder-1"
@@ -204,6 +217,11 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
         done = wait_phase(c, ns, "ladder", {"Succeeded", "Failed"}, 900)
         assert done["phase"] == "Succeeded", done
         assert done["restarts"] == 2, done  # the kill and the container: nothing of the intruder
+        assert [(r["attempt"], r["tier"]) for r in done["restores"]] == [
+            (0, "None"),
+            (1, "Memory"),
+            (2, "Peer"),
+        ], done["restores"]
         challenges, welcomed = intruder_counts(c, other)
         assert challenges > 10 and welcomed == 0, (challenges, welcomed)
     finally:

@@ -1,11 +1,18 @@
 """The restart ladder in `mjob run --local`, where processes stand in for pods: a killed rank
 restarts in place inside its launcher process, a killed launcher process ("pod") is replaced
-alone, and both resume exactly (losses bit-identical to an uninterrupted run)."""
+alone, and both resume exactly (losses bit-identical to an uninterrupted run).
+
+The checkpoint tiers (with test_local_run's and test_object_storage's kills, 20 kill points in
+these runs): each in-place restart resumes from every pod's own memory and each replaced pod's
+ranks from the copy in the other pod's, at most one step behind the last step the trainer
+reported; a recreate resumes from the durable checkpoint. At most 7 restarts a run: past 5 an
+hour, the operator's floor between attempts doubles (core/churn.py)."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,7 +26,7 @@ import pytest
 from megatron_trainer.agent.wire import MAX_PENDING
 from tests.goodput_truth import check_ledger
 
-from .test_local_run import ROOT, run_argv
+from .test_local_run import ROOT, check_tiers, run_argv
 
 pytestmark = pytest.mark.trainer
 
@@ -28,10 +35,18 @@ TWO_PODS = ["--set", "resources.nodes=2", "--set", "resources.procsPerNode=1"]
 TWO_PODS += ["--set", "parallelism.tensor=1", "--set", "checkpoint.keep=0"]
 # Two nodes share the checkpoint volume (the example asks for ReadWriteOnce: one node).
 TWO_PODS += ["--set", 'checkpoint.volume.create.accessModes=["ReadWriteMany"]']
+# Room for the seeded kills, without the backoff growing between them.
+TWO_PODS += ["--set", "restartPolicy.maxRestarts=30", "--set", "restartPolicy.maxBackoffSeconds=1"]
+ITERS = 24
+SEED = 40  # the kill points: random.Random(SEED)
+IN_PLACE_KILLS = 6  # in test_a_killed_rank_restarts_in_place
+# In test_a_killed_launcher_process_is_replaced_alone: the test's own kill of a launcher, then
+# these, then the pod of node rank 0 (a recreate).
+POD_KILLS, RANK_KILLS = 3, 2
 
 
 def run(workdir: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
-    argv = run_argv(workdir, *TWO_PODS, *extra, iters=14, save=3)
+    argv = run_argv(workdir, *TWO_PODS, *extra, iters=ITERS, save=3)
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200, check=False, cwd=ROOT)
     path = workdir / "summary.json"
     return proc.returncode, json.loads(path.read_text()) if path.exists() else {}, proc.stdout
@@ -45,12 +60,15 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_a_killed_rank_restarts_in_place(clean: dict[str, Any], tmp_path: Path) -> None:
-    code, s, out = run(tmp_path, "--inject-failure", "6:1")
+    steps = sorted(random.Random(SEED).sample(range(2, ITERS), IN_PLACE_KILLS))
+    kills = [f"{step}:{i % 2}" for i, step in enumerate(steps)]
+    code, s, out = run(tmp_path, *(a for k in kills for a in ("--inject-failure", k)))
     assert code == 0, out[-3000:]
-    assert s["restarts"] == 1 and s["losses"] == clean["losses"]
+    assert s["restarts"] == IN_PLACE_KILLS and s["losses"] == clean["losses"]
+    check_tiers(tmp_path, ["Memory"] * IN_PLACE_KILLS)
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["lastFailure"]["rung"] == "InPlace", status["lastFailure"]
-    assert status["gangAttempt"] == 0 and status["restartAttempt"] == 1
+    assert status["gangAttempt"] == 0 and status["restartAttempt"] == IN_PLACE_KILLS
     # No process group was replaced: every "pod" log is attempt 0's, and it goes on.
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["attempt-0"]
     pod1 = (tmp_path / "logs" / "attempt-0" / "cpu-tiny-a0-1.log").read_text()
@@ -58,8 +76,21 @@ def test_a_killed_rank_restarts_in_place(clean: dict[str, Any], tmp_path: Path) 
 
 
 def test_a_killed_launcher_process_is_replaced_alone(clean: dict[str, Any], tmp_path: Path) -> None:
+    # After the test's own kill (about step 5): seeded pod and rank kills, then node rank 0's pod.
+    rng = random.Random(SEED + 1)
+    steps = sorted(rng.sample(range(9, ITERS - 2), POD_KILLS + RANK_KILLS))
+    kinds = rng.sample(["pod1"] * POD_KILLS + ["1"] * RANK_KILLS, POD_KILLS + RANK_KILLS)
+    kills = [f"{step}:{kind}" for step, kind in zip(steps, kinds, strict=True)] + [
+        f"{ITERS - 1}:pod0"
+    ]
     proc = subprocess.Popen(
-        run_argv(tmp_path, *TWO_PODS, iters=14, save=3),
+        run_argv(
+            tmp_path,
+            *TWO_PODS,
+            *(a for k in kills for a in ("--inject-failure", k)),
+            iters=ITERS,
+            save=3,
+        ),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -95,9 +126,13 @@ def test_a_killed_launcher_process_is_replaced_alone(clean: dict[str, Any], tmp_
         sock.close()
     assert proc.returncode == 0, out[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["restarts"] == 1 and s["losses"] == clean["losses"]
+    assert s["restarts"] == 1 + len(kills) and s["losses"] == clean["losses"]
+    # A replaced pod's rank restores from the copy in the other pod's memory, a restarted rank
+    # from its own, and after node rank 0's pod (a recreate) every rank from the durable tier.
+    tier = {"pod1": "Peer", "1": "Memory", "pod0": "Durable"}
+    check_tiers(tmp_path, ["Peer", *(tier[k.split(":")[1]] for k in kills)])
     status = json.loads((tmp_path / "status.json").read_text())
-    assert status["lastFailure"]["rung"] == "ReplacePod", status["lastFailure"]
+    assert status["lastFailure"]["rung"] == "Recreate", status["lastFailure"]
     logs = tmp_path / "logs"
     assert sorted(p.name for p in (logs / "attempt-0").iterdir()) == [
         "cpu-tiny-a0-0.log",
@@ -108,7 +143,8 @@ def test_a_killed_launcher_process_is_replaced_alone(clean: dict[str, Any], tmp_
         "started the ranks of attempt 1" in (logs / "attempt-0" / "cpu-tiny-a0-0.log").read_text()
     )
     # The goodput ledger against the true timeline (a lost pod: its rank died with it).
-    check_ledger(tmp_path, kills=[killed])
+    died = [i["diedAt"] or i["at"] for i in s["injections"]]
+    check_ledger(tmp_path, kills=sorted([killed, *died]))
     assert s["ledger"]["seconds"]["restartReplacePod"] > 0
 
 

@@ -98,6 +98,7 @@ def test_the_recreate_strategy_starts_new_process_groups(
     assert code == 0, out
     assert s["restarts"] == 1 and s["losses"] == baseline["losses"]
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["attempt-0", "attempt-1"]
+    check_tiers(tmp_path, ["Durable"])  # new pods hold no memory: no in-memory tiers at all
 
 
 def test_sigterm_checkpoints_and_a_second_run_resumes(tmp_path: Path) -> None:
@@ -159,6 +160,32 @@ def test_bad_injection_is_rejected(tmp_path: Path, bad: str) -> None:
     assert "--inject-failure" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def restored(workdir: Path) -> dict[int, tuple[str, int | None, int]]:
+    """Attempt → (tier, step it restored, the highest step any earlier attempt reported), from
+    the trainer's own progress records."""
+    records = [json.loads(x) for x in (workdir / "progress.jsonl").read_text().splitlines() if x]
+    out: dict[int, tuple[str, int | None, int]] = {}
+    for r in records:
+        a = r["attempt"]
+        if a in out or a == 0:
+            continue
+        before = max(x["iteration"] for x in records if x["attempt"] < a)
+        out[a] = (r["restored"]["tier"], r["restored"].get("step"), before)
+    return out
+
+
+def check_tiers(workdir: Path, expected: list[str]) -> None:
+    """Attempt k restored from tier expected[k-1]; from memory at most one step behind."""
+    found = restored(workdir)
+    assert [tier for tier, _, _ in found.values()] == expected, found
+    for attempt, (tier, step, before) in found.items():
+        assert step is not None, (attempt, found)
+        if tier in ("Memory", "Peer"):
+            assert before - step <= 1, (attempt, found)  # at most one step lost
+    status = json.loads((workdir / "status.json").read_text())
+    assert [r["tier"] for r in status["restores"]][-len(found) :] == expected[-16:], status
+
+
 # Kill points chosen to cover each case that 20 random kills covered by chance (docs/trainer.md,
 # "Checkpoints and resume"): with a checkpoint every 2 steps, the first save (2), between saves
 # (5), at a save (6), the first step after a resume and three restarts back to back (6, 7, 8),
@@ -184,6 +211,8 @@ def test_kills_at_every_kind_of_step_resume_bit_identical(
     # nothing either.
     assert s["finalLoss"] == baseline["finalLoss"]  # bit-identical
     assert s["losses"] == baseline["losses"]  # and every step, recomputed ones included
+    # Each restart resumed from the pod's memory, at most one step behind the last step reported.
+    check_tiers(tmp_path, ["Memory"] * len(KILL_POINTS))
     # In place: the "pod" (the launcher process) of attempt 0 ran every attempt's ranks.
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["attempt-0"]
     pod = (tmp_path / "logs" / "attempt-0" / "cpu-tiny-a0-0.log").read_text()

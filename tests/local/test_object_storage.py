@@ -13,7 +13,7 @@ import pytest
 
 from tests.s3server import S3Server
 
-from .test_local_run import ROOT, mjob
+from .test_local_run import ROOT, check_tiers, mjob
 
 pytestmark = pytest.mark.trainer
 
@@ -82,6 +82,9 @@ def test_killed_job_on_object_storage_matches_the_directory_job_bit_for_bit(
     assert len(bucket["losses"]) == ITERS
     assert bucket["losses"] == disk["losses"]  # floats from JSON: bit for bit
     assert bucket["checkpoints"] == disk["checkpoints"] == [8, 12]  # keep: 2
+    # Killed at step 6, past the save of step 4: both resumed from the snapshot in memory.
+    for run in (disk, bucket):
+        check_tiers(Path(run["workdir"]), ["Memory"])
 
 
 def test_the_bucket_holds_the_checkpoints_and_the_tracker(

@@ -89,6 +89,24 @@ def test_async_save_with_the_persistent_worker_loads_back_identically(workdir: P
     assert after[6] == pytest.approx(before[6], rel=1e-3)
 
 
+def test_a_memory_snapshot_restores_on_the_gpu(workdir: Path) -> None:
+    """The in-memory tier on CUDA: Megatron-LM's fully_parallel algorithm, the snapshot staged
+    to host memory, restored onto the GPU (the CPU tests run the atomic algorithm)."""
+    cfg = gpu_config(workdir / "ckpt", trainIters=6, save_interval=100)
+    cfg["checkpoint"].update(keep=0, memory={"dir": str(workdir / "memory"), "interval": 1,
+                                              "replica": False})  # fmt: skip
+    full = run_trainer(cfg, workdir, name="full")
+    assert full.returncode == 0, full.output[-4000:]
+    # A restart whose durable checkpoint is gone resumes from the snapshot of step 5 (the last
+    # step has none: its save is the durable one).
+    shutil.rmtree(workdir / "ckpt")
+    resumed = run_trainer(cfg, workdir, name="resumed")
+    assert resumed.returncode == 0, resumed.output[-4000:]
+    assert "RESUME: loading the snapshot of iteration 5" in resumed.output
+    assert resumed.progress[0]["restored"] == {"tier": "Memory", "step": 5}
+    assert resumed.losses()[6] == full.losses()[6]
+
+
 def test_nan_loss_exits_non_finite_before_saving(workdir: Path) -> None:
     ckpt = workdir / "ckpt"
     run = run_trainer(

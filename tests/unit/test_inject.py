@@ -1,6 +1,11 @@
 """Which `--inject-failure` kills the local runner fires on a progress report."""
 
-from megatron_operator.local.inject import Injection, due, parse_injection
+import signal
+
+import pytest
+
+from megatron_operator.api import SpecError
+from megatron_operator.local.inject import Injection, check_ranks, due, parse_injection
 
 
 def plan(*texts: str) -> list[Injection]:
@@ -27,3 +32,15 @@ def test_fired_injections_do_not_fire_again() -> None:
     injections = plan("3:0")
     injections[0].fired = True
     assert due(injections, 10, attempt=5, injected_attempt=0) == []
+
+
+def test_a_whole_pod_is_named_by_its_node_rank() -> None:
+    (pod,) = plan("12:pod1")
+    assert (pod.step, pod.pod, pod.signal) == (12, 1, signal.SIGKILL)
+    assert "pod of node rank 1" in pod.describe()
+    assert plan("12:1")[0].pod is None
+    for bad in ("12:pod", "12:pod-1", "0:pod1", "12:podx"):
+        with pytest.raises(SpecError):
+            parse_injection(bad)
+    with pytest.raises(SpecError, match="pod 2 does not exist"):
+        check_ranks([pod, *plan("3:pod2")], world_size=4, nodes=2)

@@ -44,6 +44,7 @@ from megatron_contract.errors import ConfigError
 from . import fsdp_checkpoint, optim_compat
 from .async_save import abort as abort_writer
 from .async_save import writer_queue
+from .decisions import SHARDING_DP as SNAPSHOT_SHARDING
 from .decisions import one_bucket_as_none, save_sharding_type
 from .flops import flops_per_step
 from .interchange import (
@@ -718,15 +719,58 @@ class Checkpointer:
                 strategy, parallel_state.get_data_parallel_group(with_context_parallel=True)
             )
         loaded = dist_checkpointing.load(state, path, sharded_strategy=strategy)
-        for key, chunk in _model_keys(model):
-            chunk.module.load_state_dict(loaded[key], strict=True)
-        optim_compat.load_optimizer_state(optimizer, loaded["optimizer"])
-        apply_schedule(loaded["opt_param_scheduler"], scheduler, optimizer, path)
-        if same_rng_layout:
-            restore_rng(loaded["rng_state"][0], self.platform)
+        self.apply(loaded, model, optimizer, scheduler, path, same_rng_layout)
         return Resumed(
             iteration=int(saved["iteration"]), consumed_samples=int(saved["consumedSamples"])
         )
+
+    def apply(
+        self,
+        loaded: dict[str, Any],
+        model: list[Any],
+        optimizer: Any,
+        scheduler: Any,
+        source: str,
+        rng: bool,
+    ) -> None:
+        """A loaded state dict (of `state_dict` with is_loading) into the model, optimizer,
+        schedule and RNG."""
+        for key, chunk in _model_keys(model):
+            chunk.module.load_state_dict(loaded[key], strict=True)
+        optim_compat.load_optimizer_state(optimizer, loaded["optimizer"])
+        apply_schedule(loaded["opt_param_scheduler"], scheduler, optimizer, source)
+        if rng:
+            restore_rng(loaded["rng_state"][0], self.platform)
+
+    def load_template(self, model: list[Any], optimizer: Any, scheduler: Any) -> dict[str, Any]:
+        """The state dict a snapshot loads into (its layout: snapshots.SNAPSHOT_SHARDING)."""
+        optim_compat.prepare_for_load(optimizer)
+        return self._state_dict(
+            model, optimizer, scheduler, sharding_type=SNAPSHOT_SHARDING, is_loading=True,
+            with_rng=True,
+        )  # fmt: skip
+
+    def snapshot_state(
+        self,
+        iteration: int,
+        consumed_samples: int,
+        model: list[Any],
+        optimizer: Any,
+        scheduler: Any,
+        loss: float | None,
+    ) -> dict[str, Any]:
+        """`iteration`'s state as a torch_dist save would write it, in the snapshot layout."""
+        if model[0].ddp_config.overlap_param_gather:
+            for chunk in model:
+                chunk.start_param_sync(force_sync=True)
+        state = self._state_dict(
+            model, optimizer, scheduler, sharding_type=SNAPSHOT_SHARDING, is_loading=False,
+            with_rng=True,
+        )  # fmt: skip
+        state["iteration"] = iteration
+        state["checkpoint_version"] = CHECKPOINT_VERSION
+        state["trainer"] = self._record(model, iteration, consumed_samples, SNAPSHOT_SHARDING, loss)
+        return state
 
     def _check_compatible(self, common: Mapping[str, Any], path: str) -> dict[str, Any]:
         """ConfigError (exit 78) when this job cannot continue from the checkpoint at `path`."""

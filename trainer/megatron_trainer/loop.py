@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import statistics
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,6 +23,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from megatron_contract import tiers
 from megatron_contract.config import InitConfig, TrainerConfig
 from megatron_contract.env import RuntimeEnv
 from megatron_contract.errors import ConfigError
@@ -29,7 +31,7 @@ from megatron_contract.exitcodes import ExitCode
 from megatron_contract.timeline import Clock
 
 from .async_save import prefork as prefork_save_helpers
-from .checkpoint import Checkpointer, iteration_path, load_common
+from .checkpoint import Checkpointer, iteration_path, load_common, model_fingerprint
 from .data import MicroBatches, build_dataset
 from .decisions import (
     ddp_bucket_size,
@@ -50,6 +52,7 @@ from .numerics import (
 from .platform import Platform, setup_platform
 from .progress import LeaseWriter, ProgressReporter, Report
 from .signals import StopFlag, inject_failures
+from .snapshots import Found, Snapshots, check_record
 from .storage import profiles_dir, storage_for, use_msc
 from .telemetry import ProfilerWindow, Scalars
 
@@ -190,16 +193,27 @@ class Trainer:
         # Where this run's state comes from decides the gradient buckets (the dp_reshardable
         # optimizer state is stored per bucket), so look before building the model.
         self.checkpointer = Checkpointer(cfg, self.platform, local_rank)
+        loading = time.monotonic()
         resume = self.checkpointer.find_resume_point()
+        # The cheapest tier this restart left (megatron_contract/tiers.py): a snapshot in the
+        # pods' memory when one at least as new as the durable checkpoint is complete.
+        self.snapshots, found = self._find_snapshot(resume)
+        if found is not None:
+            self.restored: tuple[str, int | None] = (found.tier, found.step)
+        elif resume is not None:
+            self.restored = (tiers.DURABLE, resume)
+        else:
+            self.restored = (tiers.NONE, None)
+        find_seconds = time.monotonic() - loading
         # Weights a first run starts from go into the bare model, before Megatron DDP or FSDP
         # wraps it: FSDP shards what it finds at wrapping (and its optimizer's
         # reload_model_params does nothing), DDP copies it into its buffers.
-        weights_first = resume is None and _weights_only(cfg.checkpoint.init)
+        weights_first = resume is None and found is None and _weights_only(cfg.checkpoint.init)
         self.model = build_model(
             cfg,
             self.platform,
             self.tconfig,
-            self._buckets(resume),
+            self._buckets(resume, found),
             before_wrap=self._load_init_weights if weights_first else None,
         )
         # Reseed after construction (construction consumed layout-dependent amounts of
@@ -243,9 +257,11 @@ class Trainer:
         self.iteration = 0
         consumed = 0
         loading = time.monotonic()
-        loads_weights = resume is not None or cfg.checkpoint.init is not None
+        loads_weights = resume is not None or found is not None or cfg.checkpoint.init is not None
         broadcast_fresh_weights(self.model, loads_weights, cfg.parallelism.fsdp)
-        if resume is None and cfg.checkpoint.init is not None and not weights_first:
+        if found is not None:
+            consumed = self._restore_snapshot(found)
+        elif resume is None and cfg.checkpoint.init is not None and not weights_first:
             consumed = self._start_from_full(cfg.checkpoint.init)
         elif resume is None:
             self._log_rank0(
@@ -262,7 +278,7 @@ class Trainer:
                 self.iteration + 1,
                 consumed,
             )
-        self.load_seconds = time.monotonic() - loading
+        self.load_seconds = time.monotonic() - loading + find_seconds
         dataset = build_dataset(cfg, t.train_iters * gbs)
         self.data = MicroBatches(
             dataset,
@@ -301,12 +317,59 @@ class Trainer:
         )
         self._log_rank0("start-up took %.1fs", time.monotonic() - started)
 
-    def _buckets(self, resume: int | None) -> tuple[bool, int | None]:
+    def _find_snapshot(self, durable: int | None) -> tuple[Snapshots | None, Found | None]:
+        """The in-memory tiers and what they hold to restore (None: the durable tier or none).
+        Collective."""
+        memory = self.cfg.checkpoint.memory
+        if memory is None:
+            return None, None
+        snapshots = Snapshots(self.cfg, memory, self.platform)
+        if not self.cfg.checkpoint.load:
+            snapshots.find(None)  # drops them
+            return snapshots, None
+        tier, step, found = snapshots.find(durable)
+        if found is not None:
+            problem = check_record(found.record, model_fingerprint(self.cfg.model_json), self.cfg)
+            if problem:
+                self._log_rank0(
+                    "RESUME: not from the %s snapshot of step %s: %s", tier, step, problem
+                )
+                return snapshots, None
+        return snapshots, found
+
+    def _restore_snapshot(self, found: Found) -> int:
+        """Load a snapshot (the memory or peer tier); returns the samples consumed."""
+        assert self.snapshots is not None
+        self._log_rank0(
+            "RESUME: loading the snapshot of iteration %d from %s (%s tier, found in %.2fs)",
+            found.step,
+            "every pod's own memory"
+            if found.tier == tiers.MEMORY
+            else "memory, with the copies a peer pod holds for the ranks that lost theirs",
+            found.tier,
+            found.seconds,
+        )
+        template = self.checkpointer.load_template(self.model, self.optimizer, self.scheduler)
+        loaded = self.snapshots.state_dict(found, template)
+        source = f"the {found.tier.lower()} snapshot of iteration {found.step}"
+        self.checkpointer.apply(loaded, self.model, self.optimizer, self.scheduler, source, True)
+        record = found.record
+        self.iteration = int(record["iteration"])
+        self._log_rank0(
+            "RESUME: continuing at iteration %d (consumed samples %d)",
+            self.iteration + 1,
+            int(record["consumedSamples"]),
+        )
+        return int(record["consumedSamples"])
+
+    def _buckets(self, resume: int | None, found: Found | None = None) -> tuple[bool, int | None]:
         """(overlap_grad_reduce, bucket size): the checkpoint's buckets when resuming or starting
         from a full Megatron checkpoint (its dp_reshardable optimizer state is stored per
         bucket; decisions.ddp_buckets), else Megatron-LM's rule for a fresh run
         (decisions.ddp_bucket_size)."""
         overlap = self.platform.is_cuda
+        if found is not None:
+            return ddp_buckets(recorded_bucket_size({"trainer": found.record}), overlap)
         source: str | None = None
         init = self.cfg.checkpoint.init
         if resume is not None:
@@ -528,6 +591,7 @@ class Trainer:
                         mfu,
                         self.checkpointer.newest,
                         self._clock(),
+                        self.restored,
                     ),
                     force=True,
                 )
@@ -549,6 +613,22 @@ class Trainer:
                 )
             else:
                 self.checkpointer.finalize(blocking=False)
+            if (
+                self.snapshots is not None
+                and self.snapshots.due(self.iteration)
+                and not (stopping or last)
+            ):
+                snapping = time.monotonic()
+                state = self.checkpointer.snapshot_state(
+                    self.iteration,
+                    self.consumed_samples,
+                    self.model,
+                    self.optimizer,
+                    self.scheduler,
+                    step.loss,
+                )
+                self.snapshots.save(self.iteration, state)
+                self.snapshots.seconds.append(time.monotonic() - snapping)
             self.save_seconds += time.monotonic() - saving
             if self.checkpointer.newest != last_ckpt_reported:
                 last_ckpt_reported = self.checkpointer.newest
@@ -561,6 +641,7 @@ class Trainer:
                         mfu,
                         last_ckpt_reported,
                         self._clock(),
+                        self.restored,
                     ),
                     force=True,
                 )
@@ -593,7 +674,15 @@ class Trainer:
             f" | MFU {mfu:.1%}" if mfu is not None else "",
         )
         self.reporter.report(
-            Report(self.iteration, loss, tokens_per_s, mfu, self.checkpointer.newest, self._clock())
+            Report(
+                self.iteration,
+                loss,
+                tokens_per_s,
+                mfu,
+                self.checkpointer.newest,
+                self._clock(),
+                self.restored,
+            )
         )
         self.scalars.add(
             self.iteration,
@@ -621,6 +710,16 @@ class Trainer:
         )
 
     def _finish(self, code: int) -> int:
+        if self.snapshots is not None and self.snapshots.seconds:
+            # What the tiers cost this attempt (benchmarks/memory_tiers.py reads this line).
+            self._log_rank0(
+                "snapshots: %d written, median %.4fs each, %d bytes of this rank's state, "
+                "%d bytes in this rank's memory directory",
+                len(self.snapshots.seconds),
+                statistics.median(self.snapshots.seconds),
+                self.snapshots.bytes,
+                self.snapshots.held_bytes(),
+            )
         self.checkpointer.finalize(blocking=True)
         self.checkpointer.close()
         self.profiler.stop(self.iteration)

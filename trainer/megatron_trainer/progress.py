@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from megatron_contract import tiers
 from megatron_contract.timeline import KEY as CLOCK_KEY
 from megatron_contract.timeline import Clock
 
@@ -38,6 +39,7 @@ class Report:
     mfu: float | None
     checkpoint_iteration: int | None
     clock: Clock | None = None  # where this process's time went (the goodput ledger's facts)
+    restored: tuple[str, int | None] | None = None  # the tier and step this attempt resumed from
 
     def to_json(self, attempt: int, now: datetime | None = None) -> str:
         """The record; `attempt` (the restart attempt) lets the operator ignore late writes of
@@ -54,6 +56,8 @@ class Report:
         }
         if self.clock is not None:
             body[CLOCK_KEY] = self.clock.to_json()
+        if self.restored is not None:
+            body[tiers.KEY] = tiers.restored_json(*self.restored)
         return json.dumps(body, separators=(",", ":"))
 
 

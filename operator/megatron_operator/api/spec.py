@@ -11,7 +11,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import Field, model_validator
 
-from megatron_contract import choices
+from megatron_contract import choices, tiers
 from megatron_contract.bounds import (
     MAX_BATCH,
     MAX_DURATION_SECONDS,
@@ -636,6 +636,26 @@ class MscSpec(ApiModel):
     )
 
 
+class MemoryCheckpointSpec(ApiModel):
+    """In-memory checkpoints: each rank's state in its pod's memory, restored from the cheapest
+    tier the failure leaves (docs/runbook.md, "Checkpoint tiers")."""
+
+    interval: NonNegativeInt = Field(
+        tiers.DEFAULT_INTERVAL,
+        le=MAX_ITERATIONS,
+        description="Steps between snapshots of every rank's state into its pod's memory "
+        "volume; 0 turns the in-memory tiers off. Only with restartPolicy.strategy InPlace "
+        "(a recreated pod keeps no memory), not with parallelism.fsdp. The memory counts "
+        "against the pod's: mjob plan prints how much.",
+    )
+    replica: bool = Field(
+        True,
+        description="Also keep each rank's snapshot in the next pod's memory, so that the ranks "
+        "of a replaced pod restore from it instead of the durable checkpoint (with two or more "
+        "nodes). Doubles the memory the tiers hold.",
+    )
+
+
 class CheckpointSpec(ApiModel):
     """torch_dist checkpoints in the Megatron-LM layout; the trainer resumes from the newest."""
 
@@ -680,6 +700,11 @@ class CheckpointSpec(ApiModel):
     )
     init: InitSpec | None = Field(
         None, description="Start the first run from existing weights (exactly one source)."
+    )
+    memory: MemoryCheckpointSpec = Field(
+        default_factory=MemoryCheckpointSpec,
+        description="In-memory checkpoints between the durable ones (at most one step lost per "
+        "in-place restart or replaced pod).",
     )
 
 

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import Field
 
+from megatron_contract import tiers
+
 from .base import ApiModel
 from .defaults import AppliedDefaults
 
@@ -165,6 +167,28 @@ class Progress(ApiModel):
     time: str = Field(description="When rank 0 reported it (RFC 3339).")
 
 
+class Tier(StrEnum):
+    """A checkpoint tier (megatron_contract/tiers.py)."""
+
+    MEMORY = tiers.MEMORY
+    PEER = tiers.PEER
+    DURABLE = tiers.DURABLE
+    NONE = tiers.NONE
+
+
+class Restore(ApiModel):
+    """Where one attempt's ranks restored their training state from (docs/runbook.md,
+    "Checkpoint tiers")."""
+
+    attempt: int = Field(ge=0, description="The restart attempt.")
+    tier: Tier = Field(
+        description="Memory: every pod's own memory; Peer: a copy in another pod's memory for "
+        "the ranks of a replaced pod, their own for the rest; Durable: the torch_dist "
+        "checkpoint; None: nothing to restore (a fresh start)."
+    )
+    step: int | None = Field(None, ge=0, description="The step restored.")
+
+
 _SECONDS = Field(None, ge=0, description="Seconds.")
 
 
@@ -301,6 +325,12 @@ class MegatronJobStatus(ApiModel):
     progress: Progress | None = Field(None, description="Latest training progress.")
     progress_summary: str | None = Field(
         None, description="Short progress for printing, e.g. '1200/5000 loss 2.31'."
+    )
+    restores: list[Restore] | None = Field(
+        None,
+        max_length=16,
+        description="Where the newest attempts restored from, oldest first (the trainer's "
+        "report): the checkpoint tier and step.",
     )
     ledger: Ledger | None = Field(
         None, description="Where the job's wall time went, by cause, and its goodput."

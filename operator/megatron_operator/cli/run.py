@@ -36,8 +36,8 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         metavar="STEP[:RANK[:SIGNAL]]",
-        help="kill a rank when it first reaches STEP (default rank 0, SIGKILL); repeatable, "
-        "each fires once per run",
+        help="kill a rank when it first reaches STEP (default rank 0, SIGKILL), or with "
+        "STEP:podN the whole pod of node rank N; repeatable, each fires once per run",
     )
     p.add_argument(
         "--trust-env",
@@ -86,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             ]
         )
     injections = [parse_injection(text) for text in args.inject_failure]
-    check_ranks(injections, p.world_size)
+    check_ranks(injections, p.world_size, p.nodes)
     workdir = Path(args.workdir or Path("runs") / job.name).resolve()
     _check_workdir(workdir)
     try:

@@ -63,7 +63,7 @@ def _print_valid(source: str, job: MegatronJob, p: Plan) -> None:
     runs = f"; runs {' '.join(job.spec.trainer.command)}" if job.spec.trainer else ""
     print(
         f"{source}: MegatronJob {job.name} is valid: {p.layout_string()} on {p.nodes} × "
-        f"{p.procs_per_node} ({p.world_size} ranks), {memory}{runs}"
+        f"{p.procs_per_node} ({p.world_size} ranks), {memory}{tiers_text(job.spec, p)}{runs}"
     )
     for w in [*warnings(job.spec), *command.warnings(job.spec)]:
         print(f"  warning: {w}")
@@ -72,20 +72,25 @@ def _print_valid(source: str, job: MegatronJob, p: Plan) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.suggest:
         return _suggest(args)
-    _, p = load_and_plan(args.file, args.overrides)
+    job, p = load_and_plan(args.file, args.overrides)
     if args.output == "table":
         from megatron_operator.cli.plan_table import print_plan
 
         print_plan(p, max_nodes=args.max_nodes)
+        text = tiers_text(job.spec, p)
+        if text:
+            print(text[2].upper() + text[3:])
     else:
-        sys.stdout.write(dump(p.to_dict(), args.output))
+        doc = p.to_dict()
+        doc["memoryCheckpointBytesPerPod"] = _held(job.spec, p)
+        sys.stdout.write(dump(doc, args.output))
     return 0
 
 
 def _suggest(args: argparse.Namespace) -> int:
     from megatron_operator.api import load_file
     from megatron_operator.core.layouts import UNVERIFIED
-    from megatron_operator.core.planner import auto_choice, auto_view, suggestions
+    from megatron_operator.core.planner import auto_choice, suggestions
 
     if args.top < 1:
         raise CliError("--top must be 1 or more", EXIT_INVALID)
@@ -94,7 +99,7 @@ def _suggest(args: argparse.Namespace) -> int:
     chosen = auto_choice(found)
     auto_index = None if chosen is None else found.index(chosen)
     shown = found[: args.top]
-    rows = [s.to_dict(s.plan.layout_string(), auto_view(s.plan)[3]) for s in shown]
+    rows = [_row(job.spec, s) for s in shown]
     if args.output != "table":
         doc = {
             "job": job.name,
@@ -112,10 +117,10 @@ def _suggest(args: argparse.Namespace) -> int:
         "FLOP at full speed, nothing exposed)"
     )
     for i, s in enumerate(shown):
-        _print_row(i + 1, s, auto_index == i)
+        _print_row(i + 1, job.spec, s, auto_index == i)
     if auto_index is not None and auto_index >= len(shown):
         print("  …")
-        _print_row(auto_index + 1, found[auto_index], True)
+        _print_row(auto_index + 1, job.spec, found[auto_index], True)
     if not rows:
         print("  none: add nodes, lower training.microBatchSize, or use GPUs with more memory")
     elif auto_index is None:
@@ -127,17 +132,45 @@ def _suggest(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_row(rank: int, s: Any, auto: bool) -> None:
+def _row(spec: Any, s: Any) -> dict[str, Any]:
+    """A suggestion as JSON, with the host memory its in-memory checkpoints hold per pod."""
+    from megatron_operator.core import tiers
     from megatron_operator.core.planner import auto_view
 
-    row = s.to_dict(s.plan.layout_string(), auto_view(s.plan)[3])
+    _, degrees, training, memory = auto_view(s.plan)
+    row: dict[str, Any] = s.to_dict(s.plan.layout_string(), memory)
+    held = tiers.pod_bytes(spec, memory, degrees, training.precision)
+    row["memoryCheckpointGiBPerPod"] = None if held is None else round(held / 1024**3, 2)
+    return row
+
+
+def _held(spec: Any, p: Any) -> int | None:
+    from megatron_operator.core import tiers
+
+    precision = p.training.precision if p.training is not None else None
+    return tiers.pod_bytes(spec, p.memory, p.degrees, precision)
+
+
+def tiers_text(spec: Any, p: Any) -> str:
+    """', ~X GiB of host memory per pod for the in-memory checkpoints' when the job has them."""
+    held = _held(spec, p)
+    if held is None:
+        return ""
+    return f", ~{held / 1024**3:.1f} GiB of host memory per pod for in-memory checkpoints"
+
+
+def _print_row(rank: int, spec: Any, s: Any, auto: bool) -> None:
+    row = _row(spec, s)
     mark = "  <- parallelism.auto runs this" if auto else ""
     if s.unverified:
         mark = f"  [unverified: {', '.join(f.value for f in s.unverified)}]"
     tight = ", tight" if row["tight"] else ""
+    host = row["memoryCheckpointGiBPerPod"]
+    host_text = f"  host {host:.1f} GiB/pod" if host is not None else ""
     print(
         f"{rank:>2}. {row['layout']:<24} recompute {row['recompute']:<9} "
-        f"{row['perGpuGiB']:6.1f} GiB{tight}  time ×{row['relativeStepTime']:.3f}{mark}"
+        f"{row['perGpuGiB']:6.1f} GiB{tight}{host_text}  time ×{row['relativeStepTime']:.3f}"
+        f"{mark}"
     )
     print(f"      why: {row['why']}")
 

@@ -153,6 +153,12 @@ def describe(job: Obj, pods: list[Obj], events: list[Obj]) -> str:
                 f"{failure.get('action')}: {failure.get('message', '')}"
             ),
         ]
+    restores = [r for r in st.get("restores") or [] if isinstance(r, dict)]
+    if restores:
+        out.append("Restored from (checkpoint tier and step, per attempt):")
+        for r in restores:
+            step = f" step {r['step']}" if r.get("step") is not None else ""
+            out.append(clean(f"  attempt {r.get('attempt')}: {r.get('tier')}{step}"))
     conditions = [c for c in st.get("conditions") or [] if isinstance(c, dict)]
     if conditions:
         out.append("Conditions:")

@@ -63,6 +63,7 @@ class JobStatus:
     last_failure: dict[str, Any] | None = None
     progress: dict[str, Any] | None = None
     progress_summary: str | None = None
+    restores: list[dict[str, Any]] | None = None  # where the newest attempts restored from
     layout: str | None = None
     parallelism: dict[str, Any] | None = None  # the planned degrees (parallelism.auto's choice)
     gpus: int | None = None
@@ -107,6 +108,7 @@ class JobStatus:
             last_failure=_dict(doc.get("lastFailure")),
             progress=_dict(doc.get("progress")),
             progress_summary=_text(doc.get("progressSummary")),
+            restores=_dicts(doc.get("restores")),
             layout=_text(doc.get("layout")),
             parallelism=_dict(doc.get("parallelism")),
             gpus=_optional_count(doc.get("gpus")),
@@ -166,6 +168,12 @@ def _texts(value: object) -> list[str] | None:
     if not isinstance(value, list):
         return None
     return [v for v in value if isinstance(v, str) and v] or None
+
+
+def _dicts(value: object) -> list[dict[str, Any]] | None:
+    if not isinstance(value, list):
+        return None
+    return [copy.deepcopy(v) for v in value if isinstance(v, dict)] or None
 
 
 def _dict(value: object) -> dict[str, Any] | None:

@@ -328,3 +328,28 @@ def estimate(
         overhead_gib=overhead,
         construction_gib=best[3] / GIB if best[3] > best[0] + best[1] else 0.0,
     )
+
+
+# The in-memory checkpoint tiers (megatron_contract/tiers.py), in host memory, per pod.
+# A snapshot holds a rank's weights and its distributed-optimizer shard: the fp32 main weights
+# and Adam's two moments (12 bytes a parameter, over the data-parallel × context ranks).
+SNAPSHOT_OPTIMIZER_BYTES = 12
+# Each file's non-tensor part (the sharded state dict's metadata, the common state): measured
+# at ~0.2 MiB for the tiny model; a generous bound.
+SNAPSHOT_METADATA_BYTES = 16 * 1024**2
+
+
+def snapshot_bytes(params_per_rank: int, precision: str, dp_cp: int, dedup_weights: bool) -> int:
+    """Bytes of one rank's snapshot. `dedup_weights`: the replicated weights are split over
+    the data-parallel ranks (Megatron-Core's fully_parallel algorithm, used on CUDA); on CPU
+    every rank keeps its own copy (atomic)."""
+    width = 4 if precision == "fp32" else 2
+    weights = params_per_rank * width / (dp_cp if dedup_weights else 1)
+    optimizer = params_per_rank * SNAPSHOT_OPTIMIZER_BYTES / dp_cp
+    return int(weights + optimizer) + SNAPSHOT_METADATA_BYTES
+
+
+def tier_bytes_per_pod(snapshot: int, procs_per_node: int, replica: bool, generations: int) -> int:
+    """Host memory a pod's memory volume holds at most: each rank's snapshot and the copy it
+    keeps for a rank of the previous pod, for two steps while the newer one is written."""
+    return snapshot * procs_per_node * (2 if replica else 1) * generations

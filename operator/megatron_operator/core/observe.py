@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from megatron_contract import tiers
 from megatron_contract.bounds import INT64_MAX
 from megatron_contract.ladder import REPORT_ANNOTATION, Report, parse_report
 from megatron_contract.paths import (
@@ -83,6 +84,7 @@ class Progress:
     checkpoint_iteration: int | None
     time: datetime
     clock: Clock | None = None  # the process's timeline (goodput ledger), when reported
+    restored: tuple[str, int | None] | None = None  # the tier and step the attempt restored
 
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -136,6 +138,7 @@ def parse_progress(text: object) -> Progress | None:
         checkpoint_iteration=_count(doc.get("checkpointIteration")),
         time=when,
         clock=parse_clock(doc.get(CLOCK_KEY)),
+        restored=tiers.parse_restored(doc.get(tiers.KEY), INT64_MAX),
     )
 
 

@@ -29,7 +29,7 @@ from megatron_contract.paths import INIT_MOUNT
 from megatron_contract.rules import Layout, Problem, check, default_sequence_parallel, divisors
 from megatron_operator.api.errors import FieldError, SpecError
 from megatron_operator.api.spec import FABRIC_RESOURCES, MegatronJobSpec, ParallelismSpec
-from megatron_operator.core import layouts
+from megatron_operator.core import layouts, tiers
 from megatron_operator.core.command import problems as command_problems
 from megatron_operator.core.layouts import Suggestion
 from megatron_operator.core.memory import MemoryEstimate, ParallelDegrees, estimate
@@ -602,6 +602,10 @@ def _plan(spec: MegatronJobSpec) -> Plan:
     budget = spec.resources.gpu_memory_gib
     if mem is not None and spec.resources.accelerator != "none" and mem.per_gpu_gib > budget:
         raise SpecError([_memory_error(mem, budget, spec)])
+    precision = layout.training.precision if layout.training is not None else None
+    host = tiers.host_memory_error(spec, tiers.pod_bytes(spec, mem, degrees, precision))
+    if host is not None:
+        raise SpecError([host])
     return Plan(
         model=model,
         degrees=degrees,

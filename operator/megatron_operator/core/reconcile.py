@@ -35,7 +35,7 @@ from megatron_contract.ladder import Report
 from megatron_operator.api import FieldError, MegatronJob, MegatronJobSpec, SpecError, load_job
 from megatron_operator.api.status import ConditionType, EventType, Phase, Reason, Rung
 from megatron_operator.api.transitions import check_update
-from megatron_operator.core import accounting, churn, ladder
+from megatron_operator.core import accounting, churn, ladder, tiers
 from megatron_operator.core import defaults as job_defaults
 from megatron_operator.core.conditions import reason_of, set_condition, since
 from megatron_operator.core.failures import (
@@ -1004,6 +1004,8 @@ class _Machine:
             self.deadlines.append(hold)  # copy the newest record then
             return
         self.st.progress = prog.to_status()
+        if prog.restored is not None:
+            tiers.remember(self.st, prog.attempt, *prog.restored)
         train = job.spec.training
         self.st.progress_summary = summary(prog, train.train_iters if train else None)
 

@@ -28,7 +28,7 @@ from megatron_contract.paths import (
 )
 from megatron_operator.api.job import API_VERSION, GROUP, KIND, PLURAL, MegatronJob
 from megatron_operator.api.spec import EnvVar, MegatronJobSpec
-from megatron_operator.core import network
+from megatron_operator.core import network, tiers
 from megatron_operator.core.defaults import DEFAULT_TRAINER_IMAGE, Platform
 from megatron_operator.core.names import (
     ANNOTATION_LAYOUT,
@@ -55,7 +55,7 @@ from megatron_operator.core.names import (
 )
 from megatron_operator.core.overlay import overlay, prepared
 from megatron_operator.core.planner import Plan
-from megatron_operator.core.trainer_config import checkpoint_dir, trainer_config
+from megatron_operator.core.trainer_config import checkpoint_dir, restart_strategy, trainer_config
 
 Obj = dict[str, Any]
 
@@ -317,6 +317,8 @@ def _layout_env(job: MegatronJob, plan: Plan) -> dict[str, str]:
     init = job.spec.checkpoint.init
     if init is not None and init.volume is not None:
         out[e.INIT_DIR] = paths.INIT_MOUNT
+    if tiers.enabled(job.spec):
+        out[e.MEMORY_CHECKPOINT_DIR] = paths.MEMORY_MOUNT
     return out
 
 
@@ -384,7 +386,7 @@ def _affinity(job: MegatronJob) -> Obj:
     return affinity
 
 
-def _volumes(job: MegatronJob) -> tuple[list[Obj], list[Obj]]:
+def _volumes(job: MegatronJob, plan: Plan) -> tuple[list[Obj], list[Obj]]:
     """The pod's volumes, and the trainer container's mounts of them."""
     c = job.spec.checkpoint
     volumes: list[Obj] = [
@@ -439,6 +441,15 @@ def _volumes(job: MegatronJob) -> tuple[list[Obj], list[Obj]]:
         }
     )
     mounts.append({"name": paths.VOLUME_SHM, "mountPath": paths.SHM_MOUNT})
+    if tiers.enabled(job.spec):
+        # The in-memory checkpoints (core/tiers.py): tmpfs, charged to the pod's memory; it
+        # outlives the ranks of an in-place restart and dies with the pod.
+        memory: Obj = {"medium": "Memory"}
+        held = memory_tiers_bytes(job, plan)
+        if held is not None:
+            memory["sizeLimit"] = tiers.size_limit(held)
+        volumes.append({"name": paths.VOLUME_MEMORY, "emptyDir": memory})
+        mounts.append({"name": paths.VOLUME_MEMORY, "mountPath": paths.MEMORY_MOUNT})
     data = job.spec.data.volume if job.spec.data is not None else None
     if data is not None:
         _claim(
@@ -475,13 +486,6 @@ def _claim(
         mount["subPath"] = sub_path
     volumes.append({"name": name, "persistentVolumeClaim": source})
     mounts.append(mount)
-
-
-def restart_strategy(job: MegatronJob) -> str:
-    """How the pods' launchers handle a failed rank (ladder.choose reads this from the pods):
-    spec.restartPolicy.strategy, for the built-in trainer and a trainer.command alike (the
-    launcher restarts a command's rank processes in place as it does the worker's)."""
-    return job.spec.restart_policy.strategy
 
 
 def _launcher(job: MegatronJob, platform: Platform) -> tuple[list[str], Obj | None]:
@@ -540,7 +544,7 @@ def pod(
     `overlay.prepared(job.spec.template)` when the caller holds it). The template's parts are
     shared with the job's other pods: read-only."""
     s = job.spec
-    volumes, mounts = _volumes(job)
+    volumes, mounts = _volumes(job, plan)
     caps: Obj = {"drop": ["ALL"]}
     if _needs_ipc_lock(job):
         caps["add"] = ["IPC_LOCK"]
@@ -740,3 +744,9 @@ def render_iter(
 def as_list(objs: list[Obj]) -> Obj:
     """Wrap objects in a `v1/List`, the form `kubectl apply -f` accepts."""
     return {"apiVersion": "v1", "kind": "List", "items": objs}
+
+
+def memory_tiers_bytes(job: MegatronJob, plan: Plan) -> int | None:
+    """Host memory the in-memory checkpoints hold per pod (core/tiers.py), when estimable."""
+    precision = plan.training.precision if plan.training is not None else None
+    return tiers.pod_bytes(job.spec, plan.memory, plan.degrees, precision)

@@ -16,10 +16,12 @@ from megatron_contract.config import (
     JobInfo,
     LaunchConfig,
     MegatronInit,
+    MemoryConfig,
     ProgressConfig,
     TrainerConfig,
 )
 from megatron_operator.api.job import MegatronJob
+from megatron_operator.core import tiers
 from megatron_operator.core.planner import Plan
 
 
@@ -42,6 +44,20 @@ def _init(job: MegatronJob) -> InitConfig | None:
     )
 
 
+def restart_strategy(job: MegatronJob) -> str:
+    """How the pods' launchers handle a failed rank (core/tiers.py, `strategy`)."""
+    return tiers.strategy(job.spec)
+
+
+def memory_config(job: MegatronJob, plan: Plan) -> MemoryConfig | None:
+    """The in-memory tiers, where a pod can outlive its ranks (restart strategy InPlace): a
+    recreated pod keeps no memory, so without it they would hold memory for nothing."""
+    if not tiers.enabled(job.spec):
+        return None
+    interval = job.spec.checkpoint.memory.interval
+    return MemoryConfig(paths.MEMORY_MOUNT, interval, tiers.replicated(job.spec))
+
+
 def trainer_config(job: MegatronJob, plan: Plan) -> TrainerConfig | LaunchConfig:
     """The built-in trainer's config, or with spec.trainer the command's (sections the spec
     does not give are null). Fields in TrainerConfig's order."""
@@ -55,6 +71,7 @@ def trainer_config(job: MegatronJob, plan: Plan) -> TrainerConfig | LaunchConfig
         sharding_type=c.sharding_type,
         load=True,
         init=_init(job),
+        memory=memory_config(job, plan),
     )
     progress = ProgressConfig(paths.PROGRESS_ANNOTATION, paths.PROGRESS_MIN_INTERVAL_SECONDS)
     parallelism = plan.degrees.config()

@@ -1,4 +1,5 @@
-"""`--inject-failure STEP[:RANK[:SIGNAL]]`: kill a rank when it first reaches a step."""
+"""`--inject-failure STEP[:RANK[:SIGNAL]]`: kill a rank when it first reaches a step;
+`STEP:podN`: kill the whole pod of node rank N (its process group, as a lost node)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,11 @@ class Injection:
     # Unix time the rank's process was gone (the true failure time: a rank in the middle of a
     # write can outlive its SIGKILL by seconds), once seen; polled from a thread.
     died_at: float | None = None
+    pod: int | None = None  # the node rank whose whole pod is killed (`STEP:podN`)
 
     def describe(self) -> str:
+        if self.pod is not None:
+            return f"SIGKILL to the pod of node rank {self.pod} at step {self.step}"
         return f"{signal.Signals(self.signal).name} to rank {self.rank} at step {self.step}"
 
 
@@ -42,6 +46,11 @@ def parse_injection(text: str) -> Injection:
     try:
         if not 1 <= len(parts) <= 3:
             raise ValueError
+        if len(parts) == 2 and parts[1].startswith("pod"):
+            step, pod = int(parts[0]), int(parts[1][3:])
+            if step < 1 or pod < 0:
+                raise ValueError
+            return Injection(step, 0, signal.SIGKILL, pod=pod)
         step = int(parts[0])
         rank = int(parts[1]) if len(parts) > 1 and parts[1] else 0
         sig = _signal(parts[2]) if len(parts) > 2 else signal.SIGKILL
@@ -53,25 +62,27 @@ def parse_injection(text: str) -> Injection:
                 FieldError(
                     "--inject-failure",
                     f"{text!r} is not STEP[:RANK[:SIGNAL]] with STEP ≥ 1, RANK ≥ 0 and a signal "
-                    "such as KILL or TERM (e.g. 20, 20:1, 20:1:TERM)",
+                    "such as KILL or TERM (e.g. 20, 20:1, 20:1:TERM), nor STEP:podN (the pod of "
+                    "node rank N, e.g. 20:pod1)",
                 )
             ]
         ) from None
     return Injection(step, rank, sig)
 
 
-def check_ranks(injections: list[Injection], world_size: int) -> None:
-    bad = [i for i in injections if i.rank >= world_size]
-    if bad:
-        raise SpecError(
-            [
-                FieldError(
-                    "--inject-failure",
-                    f"rank {i.rank} does not exist (world size {world_size})",
-                )
-                for i in bad
-            ]
-        )
+def check_ranks(injections: list[Injection], world_size: int, nodes: int | None = None) -> None:
+    errors = [
+        FieldError("--inject-failure", f"rank {i.rank} does not exist (world size {world_size})")
+        for i in injections
+        if i.rank >= world_size
+    ]
+    errors += [
+        FieldError("--inject-failure", f"pod {i.pod} does not exist ({nodes} node(s))")
+        for i in injections
+        if i.pod is not None and nodes is not None and i.pod >= nodes
+    ]
+    if errors:
+        raise SpecError(errors)
 
 
 def due(

@@ -20,6 +20,7 @@ from megatron_contract.env import (
     COORDINATOR_PORT,
     MASTER_ADDR,
     MASTER_PORT,
+    MEMORY_CHECKPOINT_DIR,
     MSC_CONFIG,
     PROGRESS_FILE,
     PROGRESS_LEASE,
@@ -90,6 +91,11 @@ class Layout:
     @property
     def scratch(self) -> Path:
         return self.workdir / "scratch"
+
+    def memory(self, pod: str) -> Path:
+        """The pod's memory volume (in-memory checkpoints): one directory a pod, removed with
+        the pod, so a replaced pod starts with none, as in a cluster."""
+        return self.workdir / "memory" / pod
 
     @property
     def summary(self) -> Path:
@@ -231,6 +237,8 @@ def local_pods(
         env.pop(MSC_CONFIG, None)
         if SCRATCH in env:
             env[SCRATCH] = str(layout.scratch / pod["metadata"]["name"])
+        if MEMORY_CHECKPOINT_DIR in env:
+            env[MEMORY_CHECKPOINT_DIR] = str(layout.memory(pod["metadata"]["name"]))
         argv = list(container["command"]) + list(container.get("args", []))
         if argv and argv[0] in ("python", "python3"):
             argv[0] = python  # the image's interpreter is this environment's

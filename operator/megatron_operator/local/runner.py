@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import time
@@ -171,9 +172,12 @@ class LocalRunner:
                 signal.signal(s, handler)
             for r in self.pods.values():
                 r.log.close()
+            shutil.rmtree(self.layout.workdir / "memory", ignore_errors=True)  # the pods' memory
 
     def _run(self) -> Result:
         self.layout.checkpoints.mkdir(parents=True, exist_ok=True)
+        # An earlier run's pods are gone, and their memory with them.
+        shutil.rmtree(self.layout.workdir / "memory", ignore_errors=True)
         write_key(self.layout.coordinator_key)
         self.progress.read_new()  # skip reports of an earlier run in this workdir
         for stale in (self.layout.status, self.layout.report):  # an earlier run's decisions
@@ -225,6 +229,8 @@ class LocalRunner:
             for r in doomed:
                 r.log.close()
                 del self.pods[r.name]
+                # A deleted pod's memory volume goes with it.
+                shutil.rmtree(self.layout.memory(r.name), ignore_errors=True)
         if out.create_pods:
             self._start([*out.create, *out.create_pods], attempt)
         elif any(o["kind"] == "ConfigMap" for o in out.create):  # released in place
@@ -322,9 +328,24 @@ class LocalRunner:
             return
         pids = [r.proc.pid for r in self.pods.values() if r.code is None]
         for inj in due(self.injections, step, attempt, self.injected_attempt):
-            if fire(inj, pids):
+            fired = self._kill_pod(inj) if inj.pod is not None else fire(inj, pids)
+            if fired:
                 self.injected_attempt = attempt
                 self.display.event(f"injected failure: {inj.describe()} (reached step {step})")
+
+    def _kill_pod(self, inj: Injection) -> bool:
+        """SIGKILL a whole pod's process group (launcher, zygote, ranks): a lost node."""
+        pod = next(
+            (r for r in self.pods.values() if r.node_rank == inj.pod and r.proc.poll() is None),
+            None,
+        )
+        if pod is None:
+            return False
+        _killpg(pod.proc.pid, signal.SIGKILL)
+        inj.fired, inj.fired_at = True, time.time()
+        pod.proc.wait()
+        inj.died_at = time.time()
+        return True
 
     def _stop(self, pods: list[Running]) -> None:
         """SIGTERM each pod's process group, wait up to the grace period, then SIGKILL."""
@@ -373,6 +394,7 @@ class LocalRunner:
                 {
                     "step": i.step,
                     "rank": i.rank,
+                    "pod": i.pod,
                     "signal": i.signal,
                     "at": i.fired_at,
                     "diedAt": i.died_at,
