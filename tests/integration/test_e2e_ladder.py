@@ -205,7 +205,10 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
         resumed = wait_attempt_step(c, logs, attempt=2, after=0)
         assert saved + 1 <= resumed["iteration"] <= at + 1, (resumed, saved, at)
         st = job_status(c, ns, "ladder")
-        assert st["restarts"] == 2 and st["lastFailure"]["rung"] == "ReplacePod", st
+        assert st["restarts"] == 2 and st["lastFailure"]["rung"] == "ReplacePod", (
+            st["lastFailure"],
+            st.get("failedNodes"),
+        )
         now = uids(c, ns, "ladder")
         assert now["0"] == first["0"] and now["1"] != first["1"], (first, now)
         # Its ranks from the copy in the other pod's memory (the others from their own).

@@ -24,6 +24,7 @@ namespace of its own and deletes it:
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 import time
@@ -226,7 +227,13 @@ def test_own_code_in_an_image_without_the_project_restarts_in_place(
     assert progress["checkpointIteration"] == 18, progress
     log1 = c.logs(ns, "own-a0-1")
     assert "started the ranks of attempt 1" in log1, log1[-3000:]
-    assert "resumes after 3" in log1 or "resumes after 6" in log1, log1[-3000:]
+    # Attempt 1 resumed from its own tracker: a save of attempt 0 (every 3 steps), not step 0
+    # (where the kill landed depends on the load: the log is polled).
+    before, _, after = log1.partition("started the ranks of attempt 1")
+    resumed = re.search(r"resumes after (\d+)", after)
+    reached = [int(x) for x in re.findall(r"iteration +(\d+)/", before)]
+    assert resumed and reached, log1[-3000:]
+    assert 3 <= int(resumed[1]) <= max(reached) and int(resumed[1]) % 3 == 0, log1[-3000:]
     assert "(python 3.11" in log1
 
 
@@ -282,5 +289,6 @@ def test_an_image_that_does_not_exist_is_named_and_released(
         return not items["items"]
 
     c.wait(gone, 60, 1.0, "the pods deleted")
-    # The timeout counts from the first pod's scheduling, a few seconds after the apply.
-    assert 90 <= failed_at - applied <= 90 + 60
+    # The timeout counts from the first pod's scheduling, a few seconds after the apply; that
+    # time is the PodScheduled condition's, in whole seconds (up to 1 s before the real one).
+    assert 90 - 1 <= failed_at - applied <= 90 + 60

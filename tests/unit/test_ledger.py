@@ -91,7 +91,16 @@ def test_any_event_order_sums_to_the_wall_never_negative_monotone(seq: list[Even
         assert all(v >= 0 for v in seconds.values()), seconds
         assert ledger.closed <= ledger.end and before.end <= ledger.end
         for cause, ms in named(before).items():
-            assert ledger.ms.get(cause, 0) >= ms, (cause, event)
+            if cause != Cause.RECOMPUTED:
+                assert ledger.ms.get(cause, 0) >= ms, (cause, event)
+        # Recomputed time gives back only what a late record shows was new work or a save.
+        gone = before.ms.get(Cause.RECOMPUTED, 0) - ledger.ms.get(Cause.RECOMPUTED, 0)
+        if gone > 0:
+            gained = [
+                ledger.ms.get(c, 0) - before.ms.get(c, 0)
+                for c in (Cause.PRODUCTIVE, Cause.CHECKPOINT_SAVE)
+            ]
+            assert isinstance(event, Record) and sum(gained) == gone and min(gained) >= 0
         assert ledger.closed >= before.closed
         LedgerModel.model_validate(ledger.to_status(), strict=False)  # what the CRD schema accepts
 
@@ -285,3 +294,35 @@ def test_a_failure_noticed_late_loses_at_most_a_record_interval() -> None:
     assert s["recomputed"] == 11.0 and s["restartRecreate"] == 49.0
     exact = fold(Ledger.start(T0), [*events[:-1], Failed(t(100), t(100), Rung.RECREATE)])
     assert secs(exact)["recomputed"] == 60.0  # a first-hand failure time: all of it was work
+
+
+def test_a_late_record_of_the_failed_attempt_moves_its_steps_back_to_productive() -> None:
+    """The operator saw step 10 at 10 s (records every 10 s at most); a rank died at 15 s, after
+    step 14 at 14 s. Rank 0's newest record (step 14, a 0.5 s save in it) reaches the operator
+    only after the failure: 10 → 14 was new work and a save, 14 → 15 was in flight. Attempt 1
+    then trains 11-14 again (recomputed, since the ledger now knows step 14 was reached)."""
+    events: list[Event] = [Launched(t(0), 0), Tick(t(16)), Placed(t(0), 0)]
+    events.append(Record(t(10), 0, 10, began=t(0), loop=t(0), start=0))
+    events.append(Failed(t(16), t(15), Rung.RECREATE))
+    seen_late = [*events, Record(t(14), 0, 14, began=t(0), loop=t(0), start=0, save=0.5)]
+    late = fold(Ledger.start(T0), seen_late)
+    s = secs(late)
+    assert s["recomputed"] == 1.0 and s["productive"] == 10.0 + 3.5
+    assert s["checkpointSave"] == 0.5 and late.high == 14
+    # The same record read again changes nothing; the status form carries the interval.
+    again = fold(Ledger.read(late.to_status()), [seen_late[-1]])  # type: ignore[arg-type]
+    assert secs(again) == s
+    # Attempt 1 resumes after step 10 and reaches 14 at 30, 16 at 32: 11-14 are recomputed.
+    rest: list[Event] = [
+        Tick(t(20)),
+        Launched(t(20), 1),
+        Tick(t(32)),
+        Record(t(30), 1, 14, began=t(21), loop=t(26), start=10),
+        Record(t(32), 1, 16, began=t(21), loop=t(26), start=10),
+        seen_late[-1],  # too late now: attempt 1's steps were already told apart
+    ]
+    done = fold(late, rest)
+    assert secs(done)["recomputed"] == 1.0 + 4.0 and done.in_flight is None
+    # Without the late record, 10 → 15 was all in flight and 11-14 of attempt 1 looked new.
+    blind = secs(fold(Ledger.start(T0), [*events, *rest[:-1]]))
+    assert blind["recomputed"] == 5.0 and blind["productive"] == 10.0 + 2.0 + 4.0 - 0.0

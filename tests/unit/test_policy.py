@@ -121,3 +121,16 @@ def test_first_failure_blames_the_cause() -> None:
     lost = Failure("NodeLost", None, pod="j-5")
     assert first_failure([crash, lost]) == lost
     assert first_failure([]) is None
+
+
+def test_of_the_reported_ranks_the_first_to_exit_is_the_cause() -> None:
+    """A killed rank (137) and a peer that lost it (1): the coordinator may hear the peer's
+    launcher first under load, but the launchers' exit times say which came first."""
+    killed = Failure("Error", 137, pod="j-0", order=1, finished=100.010)
+    peer = Failure("Error", 1, pod="j-1", order=0, finished=100.250)
+    assert first_failure([peer, killed]) == killed
+    # Without exit times, the order heard decides; a report outranks a pod's own end.
+    a, b = Failure("Error", 1, pod="j-0", order=1), Failure("Error", 1, pod="j-1", order=0)
+    assert first_failure([a, b]) == b
+    ended = Failure("Error", 1, pod="j-2", finished=50.0)
+    assert first_failure([ended, a]) == a

@@ -57,6 +57,8 @@ from .storage import profiles_dir, storage_for, use_msc
 from .telemetry import ProfilerWindow, Scalars
 
 log = logging.getLogger(__name__)
+# How long a failing rank may spend sending the record the Lease's rate limit held back.
+FAILURE_FLUSH_SECONDS = 2.0
 
 
 @dataclass
@@ -558,6 +560,9 @@ class Trainer:
             return self._run()
         except BaseException:
             self.checkpointer.abort()
+            # Rank 0's newest record, if the Lease's rate limit held it back: bounded, so a
+            # peer's failure still ends this rank within seconds.
+            self.reporter.close(timeout=FAILURE_FLUSH_SECONDS)
             raise
 
     def _run(self) -> int:

@@ -270,11 +270,12 @@ class ProgressReporter:
         elif self.lease:
             self.unsent = payload
 
-    def close(self) -> None:
+    def close(self, timeout: float = 3.0) -> None:
         """Send the newest record the rate limit held back (the last steps of a run that ends
-        within the interval), then stop the writer."""
+        within the interval, or that a failure ends: the goodput ledger counts the steps it
+        shows as new work, not work in flight), then stop the writer."""
         if self.lease:
             if self.unsent is not None:
                 self.lease.submit(self.unsent)
                 self.unsent = None
-            self.lease.close()
+            self.lease.close(timeout)

@@ -223,6 +223,18 @@ class RungCost(ApiModel):
     )
 
 
+class LedgerInFlight(ApiModel):
+    """The work a failure interrupted, counted as recomputed up to the failure from the last
+    record the operator had seen: a later record of that attempt (its rank 0 reports the steps
+    it finished before the failure as it exits) moves the time of those steps back."""
+
+    attempt: int = Field(ge=0, description="The attempt that failed.")
+    start: float = Field(ge=0, description="Seconds: the interval's start (the last record seen).")
+    end: float = Field(ge=0, description="Seconds: the failure.")
+    iteration: int = Field(ge=0, description="The step the interval began after.")
+    save_seen: float = Field(ge=0, description="Save seconds of the attempt already counted.")
+
+
 class LedgerFold(ApiModel):
     """Where the operator's fold over the job's facts stands, so that the next operator (or the
     next reconcile) continues it. Offsets are seconds since status.ledger.since."""
@@ -241,6 +253,9 @@ class LedgerFold(ApiModel):
     step_seconds: float | None = Field(None, ge=0, description="Recent seconds per step.")
     record_seconds: float | None = Field(
         None, ge=0, description="Recent seconds between the trainer's records it folded."
+    )
+    in_flight: LedgerInFlight | None = Field(
+        None, description="The work the last failure interrupted, until the next attempt trains."
     )
 
 

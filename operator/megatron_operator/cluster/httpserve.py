@@ -172,7 +172,20 @@ class Server:
             )
             if tls is None:
                 raise ConnectionError("closed during the TLS handshake")
-            writer = asyncio.StreamWriter(tls, tls.get_protocol(), reader, self.loop)
+            secure = asyncio.StreamWriter(tls, tls.get_protocol(), reader, self.loop)
+            try:
+                await self._serve_request(reader, secure, accepted)
+            finally:
+                secure.close()  # its own object: unclosed, it warns when collected
+            return
+        await self._serve_request(reader, writer, accepted)
+
+    async def _serve_request(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        accepted: asyncio.StreamWriter,
+    ) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.read_timeout)
         except asyncio.LimitOverrunError:

@@ -155,6 +155,19 @@ Event = Tick | Queued | Launched | Placed | Record | Failed | Escalated | Suspen
 
 
 @dataclass
+class InFlight:
+    """[start, end] was counted as recomputed at attempt `attempt`'s failure: the time from the
+    last record the operator had seen (after step `iteration`, `save_seen` ms of saves) to the
+    failure."""
+
+    attempt: int
+    start: int
+    end: int
+    iteration: int
+    save_seen: int
+
+
+@dataclass
 class Ledger:
     origin: datetime
     end: int = 0  # ms since origin: the latest time seen (the wall time)
@@ -171,6 +184,7 @@ class Ledger:
     trained_steps: int = 0
     step_us: int | None = None  # recent microseconds per step
     spacing: int | None = None  # ms between the records folded, recently
+    in_flight: InFlight | None = None  # the work the last failure interrupted (see _late)
 
     @classmethod
     def start(cls, origin: datetime, mode: Mode = Mode.QUEUED) -> Ledger:
@@ -303,6 +317,8 @@ class Ledger:
             Mode.STARTING,
             Mode.TRAINING,
         ):
+            if self.in_flight is not None and r.attempt == self.in_flight.attempt:
+                self._late(r)
             return  # a late write of another attempt, or of ranks already stopped
         at = self._within(r.at, self.closed)
         if self.mode == Mode.SCHEDULING:  # placed before the operator looked (no pod facts)
@@ -334,6 +350,9 @@ class Ledger:
         if self.failed_at is not None and self.rung is not None:
             self._count(self.rung, 0, max(self.closed - self.failed_at, 0))
         self.failed_at = None
+        # The next attempt trains: from here its steps are told apart by `high`, which a late
+        # record of the failed attempt could no longer correct.
+        self.in_flight = None
         self.mode = Mode.TRAINING
         self.last_iteration = start
         self.save_seen = 0
@@ -379,6 +398,40 @@ class Ledger:
             return failed
         return min(failed, self.closed + self.spacing + (self.step_us or 0) // 1000)
 
+    def _late(self, r: Record) -> None:
+        """A record of the failed attempt that reached the operator after the failure (the
+        Lease is written at most every record interval; a rank that stops sends the newest it
+        held back). The steps it finished before the failure were new work, not work in flight:
+        their share of the interval counted as recomputed moves to productive (and its saves to
+        checkpointSave), split as `_train` splits it; the rest stays recomputed."""
+        f = self.in_flight
+        assert f is not None
+        at = min(max(self._ms(r.at), f.start), f.end)
+        steps = r.iteration - f.iteration
+        save = _ms_of(r.save) - f.save_seen
+        if steps <= 0 and save <= 0:
+            return  # nothing new (the same record, read again)
+        steps = max(steps, 0)
+        dt = at - f.start
+        stall = min(max(save, 0), dt)
+        rest = dt - stall
+        replay = min(max(min(r.iteration, self.high) - f.iteration, 0), steps)
+        again = rest * replay // steps if steps else (rest if f.iteration < self.high else 0)
+        moved = min(rest - again + stall, self.ms.get(Cause.RECOMPUTED, 0))
+        for cause, amount in ((Cause.CHECKPOINT_SAVE, stall), (Cause.PRODUCTIVE, rest - again)):
+            take = min(amount, moved)
+            if take:
+                self.ms[Cause.RECOMPUTED] -= take
+                self.ms[cause] = self.ms.get(cause, 0) + take
+                moved -= take
+        if steps:
+            self._step_time(rest, steps)
+        self.trained_steps += steps
+        self.high = max(self.high, r.iteration)
+        self.in_flight = InFlight(
+            f.attempt, at, f.end, max(f.iteration, r.iteration), max(f.save_seen, _ms_of(r.save))
+        )
+
     def _failed(self, event: Failed) -> None:
         at = self._now(event.at)
         failed = min(max(self._ms(event.failed_at), self.closed), at)
@@ -392,7 +445,12 @@ class Ledger:
             self._close(at, self._mode_cause())
             failed = at
         else:
+            start = self.closed
             self._close(failed, lost)
+            if lost == Cause.RECOMPUTED and failed > start:
+                self.in_flight = InFlight(
+                    self.attempt, start, failed, self.last_iteration, self.save_seen
+                )
         self.rung = event.rung
         self._close(at, Cause.HANG_DETECTION if event.hang else self._restart_cause())
         self._count(event.rung, 1, 0)
@@ -434,6 +492,15 @@ class Ledger:
             fold["stepSeconds"] = self.step_us / 1e6
         if self.spacing is not None:
             fold["recordSeconds"] = self.spacing / 1000
+        if self.in_flight is not None:
+            f = self.in_flight
+            fold["inFlight"] = {
+                "attempt": f.attempt,
+                "start": f.start / 1000,
+                "end": f.end / 1000,
+                "iteration": f.iteration,
+                "saveSeen": f.save_seen / 1000,
+            }
         out: dict[str, Any] = {
             "since": _stamp(self.origin),
             "asOf": _stamp(self.as_of),
@@ -506,6 +573,7 @@ class Ledger:
             _int_in(round(step * 1e6)) if isinstance(step, (int, float)) and _number(step) else None
         )
         attempt, last, high, trained = (n for n in numbers if n is not None)
+        in_flight = _in_flight(fold.get("inFlight"), closed)
         return cls(
             origin=origin,
             end=end,
@@ -522,7 +590,22 @@ class Ledger:
             trained_steps=trained,
             step_us=step_us,
             spacing=spacing,
+            in_flight=in_flight,
         )
+
+
+def _in_flight(raw: object, closed: int) -> InFlight | None:
+    """A status's in-flight interval, or None when absent or unusable (the late record is then
+    ignored, as before: never a wrong fold)."""
+    if not isinstance(raw, Mapping):
+        return None
+    attempt, iteration = _int_in(raw.get("attempt")), _int_in(raw.get("iteration"))
+    start, end, save = (_ms_in(raw.get(k)) for k in ("start", "end", "saveSeen"))
+    if attempt is None or iteration is None or start is None or end is None or save is None:
+        return None
+    if not start <= end <= closed:
+        return None
+    return InFlight(attempt, start, end, iteration, save)
 
 
 def fold(ledger: Ledger, events: Iterable[Event]) -> Ledger:

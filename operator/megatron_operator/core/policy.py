@@ -164,15 +164,20 @@ def first_failure(failures: list[Failure]) -> Failure | None:
         "Error": 10,
     }
 
-    def key(f: Failure) -> tuple[int, bool, bool, float, bool, float, str]:
+    def key(f: Failure) -> tuple[int, bool, bool, bool, float, float, bool, float, str]:
         # A config error decides the outcome (Fail). A lost pod explains the errors of the ranks
         # that lost their peers in it. Of the ranks the launchers reported, the first to exit
-        # is the cause. Otherwise SIGTERM/SIGKILL exits are usually the launcher stopping the
+        # is the cause: by the launchers' own exit times (a killed rank's peers exit after it,
+        # but under load their launchers may be heard first), then by the order the coordinator
+        # heard them. Otherwise SIGTERM/SIGKILL exits are usually the launcher stopping the
         # survivors, so they are the least likely cause.
+        reported = f.order is not None
         return (
             priority.get(f.reason, 11),
             f.exit_code != ExitCode.CONFIG,
             not f.pod_lost,
+            not reported,
+            f.finished if reported and f.finished is not None else math.inf,
             f.order if f.order is not None else math.inf,
             f.exit_code in (ExitCode.SIGTERM, ExitCode.SIGKILL),
             f.finished if f.finished is not None else math.inf,

@@ -749,6 +749,7 @@ class _Machine:
                 continue
             rank = f.node_rank * nproc + f.local_rank
             message = f"rank {rank} (pod {x.name}) exited {f.exit_code} at {f.time}"
+            exited = parse_time(f.time)
             found.append(
                 Failure(
                     "Error",
@@ -759,6 +760,7 @@ class _Machine:
                     x.node_rank,
                     order=order,
                     rank=rank if f.local_rank < nproc else None,
+                    finished=exited.timestamp() if exited is not None else None,
                 )
             )
         return found
