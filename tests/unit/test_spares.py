@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from megatron_contract.ladder import parse_decision
 from megatron_operator.core import spares
 from megatron_operator.core.observe import pod_view
-from megatron_operator.core.render import pods as render_pods
 from megatron_operator.core.reconcile import reconcile
+from megatron_operator.core.render import pods as render_pods
 
 from .sim import Sim
 from .specs import job_of, spec_of
