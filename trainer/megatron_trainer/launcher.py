@@ -369,6 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
+    if env.spare is not None:
+        return _idle_spare(env)
     # A trainer.command's pods are rendered with strategy Recreate (core/render.py): its ranks
     # are plain processes this supervisor starts once and the gang is recreated on a failure.
     progress_log = set_progress_log(config)
@@ -385,6 +387,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             forwarder.close()
     captures.upload()
     return code
+
+
+def _idle_spare(env: RuntimeEnv) -> int:
+    """A spare pod that cannot restart in place (no usable coordinator key) can never be given
+    a rank: it holds its place, running nothing, until it is stopped."""
+    print(
+        f"megatron_trainer: spare {env.spare} cannot run ranks in place here: idle until stopped",
+        file=sys.stderr,
+        flush=True,
+    )
+    stopped: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stopped.append(signum))
+    while not stopped:
+        signal.pause()
+    return int(ExitCode.SIGTERM)
 
 
 def check(env: RuntimeEnv) -> LaunchConfig:
