@@ -183,6 +183,8 @@ class Agent:
                 waits += [self.next_ping - now, self.heard + SILENT_SECONDS - now]
             if self.epoch is not None and self.lease.until is not None:
                 waits.append(self.lease.until - now)
+            if self.deferred is not None:
+                waits.append(0.05)  # the zygote's imports or the lease: looked at this often
         return max(min(waits), 0.0)
 
     def _drain_wake(self) -> None:
@@ -346,6 +348,9 @@ class Agent:
                 self.epoch = None
                 self.leaving = True
                 return
+            deferred = count(self.deferred[0], "attempt") if self.deferred is not None else None
+            if deferred is not None and deferred < attempt:
+                self.deferred = None  # a start not made yet: never made now
             if self.epoch is not None and self.epoch < attempt:
                 self.ranks.kill()
                 self.say(f"stopped the ranks of attempt {self.epoch} (attempt {attempt} decided)")
@@ -392,11 +397,17 @@ class Agent:
             place(node, master)
         if node != self.node:
             self.say(f"running node rank {node} (this pod's own is {self.node})")
-        if not self.lease.valid(time.monotonic()):
-            # The next granted ping makes it valid; started then, or reported failed.
+        if not self.lease.valid(time.monotonic()) or not self._ranks_ready():
+            # The next granted ping makes it valid; started then, or reported failed. A zygote
+            # still importing is waited for here, in the loop, never inside `start`: the
+            # launcher keeps pinging meanwhile (a launcher blocked for seconds is a lost one).
             self.deferred = (m, time.monotonic() + self.lease.fence_seconds)
             return False
         return True
+
+    def _ranks_ready(self) -> bool:
+        ready = getattr(self.ranks, "ready", None)
+        return ready is None or bool(ready())
 
     def _fenced_report(self, epoch: int) -> Message:
         code = int(ExitCode.COORDINATOR_LOST)
@@ -417,7 +428,10 @@ class Agent:
         if self.deferred is not None:
             m, until = self.deferred
             attempt, port = count(m, "attempt"), count(m, "port", 65535)
-            if self.lease.valid(now) and attempt is not None and port is not None:
+            if not self._ranks_ready():
+                # The lease's wait starts once the ranks could start.
+                self.deferred = (m, max(until, now + self.lease.fence_seconds))
+            elif self.lease.valid(now) and attempt is not None and port is not None:
                 self.deferred = None
                 self._start(attempt, port)
             elif now > until and attempt is not None:

@@ -355,6 +355,14 @@ class Coordinator:
         conn.close()
         if client.node is None:
             return
+        # The node rank it held: the one it was told to run (a spare's, too) while it is still
+        # that rank's holder, else its own when it is a node rank's pod. An idle spare holds
+        # none: its loss restarts nothing (the operator makes it again from its pod's state).
+        rank: int | None = None
+        if client.holds is not None and self._holder(client.holds) is conn:
+            rank = client.holds
+        elif client.spare is None and self.by_node.get(client.node) is conn:
+            rank = client.node
         if self.by_pod.get(client.pod) is conn:
             del self.by_pod[client.pod]
             idle_spare = client.spare is not None and client.holds is None
@@ -363,14 +371,12 @@ class Coordinator:
                 self.fences.lost(client.pod, client.granted)
         if self.by_node.get(client.node) is conn:
             del self.by_node[client.node]
-            if client.leaving:
-                return
-            self.lost[client.node] = LostLauncher(client.node, client.pod, now_text())
-            self.lost_decided = self.decided
-            log.warning(
-                "coordinator: the launcher of %s (node rank %d) dropped", client.pod, client.node
-            )
-            self._report_soon(REPORT_SETTLE_SECONDS)
+        if rank is None or client.leaving:
+            return
+        self.lost[rank] = LostLauncher(rank, client.pod, now_text())
+        self.lost_decided = self.decided
+        log.warning("coordinator: the launcher of %s (node rank %d) dropped", client.pod, rank)
+        self._report_soon(REPORT_SETTLE_SECONDS)
 
     def _send(self, conn: Conn, message: Message) -> None:
         conn.send(message)
@@ -394,6 +400,10 @@ class Coordinator:
                 raise ProtocolError(f"a hello as node rank {node} without the job's key")
             older = self.by_node.get(node)
             moved = self.fencing and node in self.swaps and self.swaps[node] != pod
+            if spare is not None and older is not None and older in self.clients:
+                # A spare number whose pod holds a node rank now is made again: the new spare
+                # takes the number, the old one keeps its rank (held by its pod's name).
+                moved = moved or self.clients[older].pod in self.held
             if older is not None and older is not conn and not older.closed and not moved:
                 # Held by an open connection: a second hello is refused (never the newer one
                 # winning), so no peer can take a launcher's place.
@@ -423,7 +433,13 @@ class Coordinator:
                 self.fences.back(client.pod)
             if self.fencing:
                 self._send_roster(conn)
-            if self.lost.pop(node, None) is not None:
+            back = [r for r, x in self.lost.items() if x.pod == client.pod]
+            for r in back:  # its own launcher again (a lost pod's, or a restarted one's)
+                del self.lost[r]
+            own = client.spare is None and not self._displaced(client)
+            if own and self.lost.pop(node, None) is not None:  # a node rank's new pod
+                back.append(node)
+            if back:
                 self._report_soon(0.0)
             return
         if client.node is None:
@@ -444,7 +460,8 @@ class Coordinator:
             if epoch is None or local is None or code is None or not isinstance(when, str):
                 raise ProtocolError(f"bad failure {m!r}")
             if epoch == self.started_attempt and len(self.failures) < MAX_FAILURES:
-                self.failures.append(RankFailure(client.node, local, code, when[:64]))
+                rank = client.holds if client.holds is not None else client.node
+                self.failures.append(RankFailure(rank, local, code, when[:64]))
                 self._report_soon(REPORT_SETTLE_SECONDS)
         elif op == "stopped":
             client.epoch = None

@@ -120,6 +120,13 @@ class RankProcesses:
         if self.zygote_command is not None and self.zygote is None and len(self.cold) < self.nproc:
             self.zygote = Zygote(self.zygote_command, self.env_for(0, attempt, port))
 
+    def ready(self) -> bool:
+        """Whether `start` would not wait for the zygote's imports (it looks, never waits)."""
+        z = self.zygote
+        if z is None or len(self.cold) >= self.nproc:
+            return True
+        return z.poll_ready()
+
     def start(self, attempt: int, port: int) -> None:
         self.warm = 0
         self.prepare(attempt, port)
