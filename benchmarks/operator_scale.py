@@ -71,7 +71,15 @@ class Bench:
             "-f",
             str(REPO / "crds" / "megatronjobs.megatron.dev.yaml"),
         )
-        self.kubectl("wait", "--for=condition=Established", "crd/megatronjobs.megatron.dev")
+
+        # Right after the apply the CRD may have no conditions yet, and kubectl wait then fails
+        # at once rather than waiting: look again.
+        def established() -> bool:
+            crd = json.loads(self.kubectl("get", "crd/megatronjobs.megatron.dev", "-o", "json"))
+            conditions = (crd.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        _wait(established, 60, "the CRD established", 0.5)
         self.op = subprocess.Popen(
             [sys.executable, "-m", "megatron_operator.cli.main", "operator", "--metrics-port=0"],
             env=self.env,
