@@ -396,7 +396,7 @@ def measure_in_place(
 def cluster_view(b: Bench, ns: str, job: str) -> tuple[set[str], set[str]]:
     """The job's pods (UIDs) and the pods the scheduler bound (UIDs of its Scheduled events):
     two looks bracket a restart, and their differences are what it created and scheduled."""
-    pods = {p["metadata"]["uid"] for p in b.pod_metadata(ns, f"megatron.dev/job-name={job}")}
+    pods = {p["metadata"]["uid"] for p in b.pods(ns, job)}
     events = json.loads(
         b.kubectl("get", "events", "-n", ns, "--field-selector", "reason=Scheduled", "-o", "json")
     )["items"]

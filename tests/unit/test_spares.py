@@ -107,6 +107,28 @@ def test_a_lost_node_rank_moves_onto_the_spare_with_no_pod_made_on_the_way() -> 
     assert [p["metadata"]["name"] for p in sim.step().create_pods] == ["job-a1-s0"]
 
 
+def test_a_notready_node_moves_its_rank_onto_the_spare_at_once() -> None:
+    """The Node's Ready condition is the second signal: with a ready spare, a pod on a NotReady
+    node is lost at once, not after the operator's node-lost grace (its launcher fences itself,
+    or is told to leave, before the rank starts on the spare)."""
+    sim = _sim()
+    sim.start_running()
+    _ready(sim)
+    node = sim.pods["job-a0-2"]["spec"]["nodeName"]
+    sim.not_ready[node] = sim.now
+    sim.step()
+    st_ = sim.status
+    assert st_["lastFailure"]["rung"] == "SpareSwap", st_["lastFailure"]
+    assert st_["lastFailure"]["reason"] == "NodeLost"
+    assert st_["swaps"] == {"2": "job-a0-s0"}
+    # Without spares the grace holds: nothing yet.
+    plain = _sim(spares_=0)
+    plain.start_running()
+    plain.not_ready[plain.pods["job-a0-2"]["spec"]["nodeName"]] = plain.now
+    plain.step()
+    assert plain.status["phase"] == "Running" and "lastFailure" not in plain.status
+
+
 def test_node_rank_0_moves_onto_a_spare_and_the_coordinator_with_it() -> None:
     sim = _sim()
     sim.start_running()

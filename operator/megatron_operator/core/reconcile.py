@@ -533,6 +533,15 @@ class _Machine:
         # The gang's pods (kept across in-place restarts), its spares, and the stale ones of
         # older gangs. A pod whose node rank moved onto a spare is deleted, never waited for.
         self.spare_nodes = job.spec.resources.spare_nodes
+        if self.spare_nodes:
+            # The Node's Ready condition, as a second signal beside the launchers' heartbeat:
+            # with a spare to move onto, a pod on a NotReady node is lost at once (the node
+            # controller has already waited out its own grace period), since its launcher
+            # fences itself, or is told to leave, before its rank runs anywhere else.
+            self.nodes = replace(
+                self.nodes,
+                lost_grace_seconds=min(self.nodes.lost_grace_seconds, spares.NOT_READY_SECONDS),
+            )
         gang = spares.sort_gang(
             self.pods, self.st.gang, n, p.nodes, self.spare_nodes, self.st.swapped()
         )
@@ -723,6 +732,8 @@ class _Machine:
                 record.update(rung=str(Rung.RECREATE), rungReason=why)
                 self.st.gang_attempt = None  # a new gang: every kept pod is stale
                 self.st.failed_nodes = None
+                self.st.swaps = None  # every rank on the pod created for it again
+                self.st.coordinator = None  # node rank 0's launcher again
                 self.event(EventType.WARNING, Reason.RESTARTING, f"recreating every pod ({why})")
             self.st.last_failure = record or None
             self.delete(current)

@@ -26,6 +26,9 @@ from megatron_operator.core.observe import PodView
 # A spare is made again this long after its job runs the attempt that used it, at the latest,
 # even when no training step is reported (a trainer.command without a progress source).
 REPLENISH_AFTER_SECONDS = 30.0
+# With spares, a pod on a NotReady node is lost after this long (the operator's
+# --node-lost-grace-seconds otherwise): moving its rank is safe at once (fencing).
+NOT_READY_SECONDS = 0.0
 
 
 @dataclass(frozen=True)
