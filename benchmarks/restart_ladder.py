@@ -474,13 +474,17 @@ def node_loss_rung(
     launchers = start_launchers(b, ns, job, n, out, spares=spares)
 
     def spare_ready() -> bool:
-        """A spare made again gets its launcher; True once the operator counts one ready."""
-        for name in running_pods(b, ns, job):
-            made_again = "-s" in name and not name.startswith(f"{job}-a0-")
+        """A spare made again gets its launcher; True once an idle spare (no rank moved onto
+        it) runs its launcher and the operator counts it ready: the loss that follows finds
+        nothing being made in the background."""
+        st = json.loads(b.kubectl("get", "mj", "-n", ns, job, "-o", "json")).get("status") or {}
+        held = set((st.get("swaps") or {}).values())
+        idle = [x for x in running_pods(b, ns, job) if "-s" in x and x not in held]
+        for name in idle:
+            made_again = not name.startswith(f"{job}-a0-")
             if made_again and not (out / f"launchers-{name}.log").exists():
                 launchers.add(n, name)
-        st = json.loads(b.kubectl("get", "mj", "-n", ns, job, "-o", "json"))
-        return bool((st.get("status") or {}).get("readySpares"))
+        return bool(idle) and bool(st.get("readySpares"))
 
     figures: list[dict[str, float]] = []
     try:
@@ -495,8 +499,10 @@ def node_loss_rung(
                 b, ns, job, launchers, victim, attempt, n, reset=not spares, replace=not spares
             )
             figures.append(result)
+            st = json.loads(b.kubectl("get", "mj", "-n", ns, job, "-o", "json"))["status"]
             print(
-                f"{rung} {attempt} (node rank {victim} lost): "
+                f"{rung} {attempt} (node rank {victim} lost; rung "
+                f"{st['lastFailure']['rung']}, swaps {st.get('swaps') or {}}): "
                 + ", ".join(f"{k} {v:.2f}" for k, v in result.items()),
                 flush=True,
             )
