@@ -393,15 +393,14 @@ def measure_in_place(
     }
 
 
-def cluster_view(b: Bench, ns: str, job: str) -> tuple[set[str], set[str]]:
-    """The job's pods (UIDs) and the pods the scheduler bound (UIDs of its Scheduled events):
-    two looks bracket a restart, and their differences are what it created and scheduled."""
-    pods = {p["metadata"]["uid"] for p in b.pods(ns, job)}
-    events = json.loads(
-        b.kubectl("get", "events", "-n", ns, "--field-selector", "reason=Scheduled", "-o", "json")
-    )["items"]
-    bound = {str(e["involvedObject"].get("uid")) for e in events}
-    return pods, bound
+def cluster_view(b: Bench, ns: str, job: str) -> dict[str, str | None]:
+    """The job's pods: UID → the node it is bound to (None: not bound yet). Two looks bracket a
+    restart: the pods in the second but not the first were created in between, and those bound
+    in the second but not the first were bound by the scheduler in between (read from the pods
+    themselves, as the scheduler's Scheduled events are rate-limited and arrive late)."""
+    return {
+        p["metadata"]["uid"]: (p.get("spec") or {}).get("nodeName") or None for p in b.pods(ns, job)
+    }
 
 
 def running_pods(b: Bench, ns: str, job: str) -> dict[str, dict[str, Any]]:
@@ -428,7 +427,7 @@ def measure_node_loss(
     `attempt`, and the pods created and bound in between. `replace`: the lost pod is replaced
     (ReplacePod): this harness starts the new pod's launcher once kwok runs it, as a kubelet
     would start its container (with the image present and no imports: a lower bound)."""
-    pods0, bound0 = cluster_view(b, ns, job)
+    before = cluster_view(b, ns, job)
     t0 = launchers.lose(victim, reset=reset)
     if replace:
         name = f"{job}-a{attempt}-{victim}"
@@ -441,11 +440,13 @@ def measure_node_loss(
         0.05,
     )
     last = max(starts.values())
-    pods1, bound1 = cluster_view(b, ns, job)
+    after = cluster_view(b, ns, job)
     return {
         "loss → every launcher released": last - t0,
-        "pods created": float(len(pods1 - pods0)),
-        "pods bound by the scheduler": float(len(bound1 - bound0)),
+        "pods created": float(len(set(after) - set(before))),
+        "pods bound by the scheduler": float(
+            sum(1 for uid, node in after.items() if node and not before.get(uid))
+        ),
     }
 
 
