@@ -322,6 +322,8 @@ class Coordinator:
     def _read(self, conn: Conn) -> None:
         try:
             for message in conn.receive():
+                if conn not in self.clients:
+                    break  # an answer's write found the connection broken: it is gone
                 self._handle(conn, message)
         except ProtocolError as err:
             self._dropped(str(err))
