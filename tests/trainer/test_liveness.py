@@ -257,6 +257,31 @@ def test_a_spare_that_claims_a_node_rank_or_a_held_pod_is_refused(
     first = Peer(c.port, 2, "job-a0-s0", spare=0)
     first.until("welcome")
     twin = Peer(c.port, 2, "job-a0-s0", spare=0)
-    assert twin.file.readline() == b""  # that node index is held by an open connection
+    assert twin.file.readline() == b""  # that pod is held by an open connection
     for p in (wrong, first, twin):
+        p.close()
+
+
+def test_a_spare_made_again_joins_beside_the_one_that_holds_a_rank(
+    coordinator: tuple[Coordinator, _Source, _Sink],
+) -> None:
+    """Node rank 1 moved onto spare 0 (job-a0-s0); spare 0 is made again (job-a1-s0, the same
+    number): both are welcomed, the new one is reported idle, and the old one, reconnecting
+    after a drop, still gets in (it holds node rank 1 by its pod's name)."""
+    c, source, sink = coordinator
+    node0 = Peer(c.port, 0, "job-a0-0")
+    held = Peer(c.port, 2, "job-a0-s0", spare=0)
+    for p in (node0, held):
+        p.until("welcome")
+    source.deliver(Decision(1, "Running", ((1, "job-a0-s0"),)))
+    new = Peer(c.port, 2, "job-a1-s0", spare=0)
+    new.until("welcome")
+    deadline = time.monotonic() + 10
+    while not any(r.spares == ("job-a1-s0",) for r in sink.reports):
+        assert time.monotonic() < deadline, sink.reports[-3:]
+        node0.ping(1)  # a majority keeps the reports coming
+    held.close()
+    again = Peer(c.port, 2, "job-a0-s0", spare=0)
+    again.until("welcome")
+    for p in (node0, new, again):
         p.close()

@@ -86,6 +86,8 @@ CANDIDATES = 8
 # With spare nodes, a report naming lost launchers is written again this often until a decision
 # answers it: another coordinator's write (one that lost its place) may have replaced it.
 REPORT_REFRESH_SECONDS = 2.0
+# With spare nodes, every launcher's silence, the majority and the roster are looked at this often.
+LIVENESS_SECONDS = HEARTBEAT_SECONDS / 4
 
 
 def now_text() -> str:
@@ -189,6 +191,8 @@ class Coordinator:
         self.spares_said: tuple[str, ...] = ()
         self.lost_decided: int | None = None  # the decision that stood when a loss was seen
         self.refresh_at = 0.0
+        self.liveness_due = 0.0
+        self.changed = True  # something _act reads changed since it last ran (with spares)
         if predecessor is not None:  # we took over from it: it is lost, as far as we know
             node, lost_pod = predecessor
             self.lost[node] = LostLauncher(node, lost_pod[:253], now_text())
@@ -240,7 +244,7 @@ class Coordinator:
         while not self.stopping:
             due = [d for d in (self.report_due, self._hello_due()) if d is not None]
             if self.fencing:  # the launchers' silence and the majority are checked this often
-                due.append(time.monotonic() + HEARTBEAT_SECONDS / 2)
+                due.append(self.liveness_due)
             timeout = max(min(due) - time.monotonic(), 0.0) if due else None
             for key, events in self.selector.select(timeout):
                 if key.data == "accept":
@@ -258,9 +262,17 @@ class Coordinator:
             self._expire(time.monotonic())
             while not self.decisions.empty():
                 self._decided(self.decisions.get())
-            if self.fencing:
-                self._liveness(time.monotonic())
-            self._act()
+            now = time.monotonic()
+            if self.fencing and now >= self.liveness_due:
+                # A look over every launcher: a few times a heartbeat, not at every message
+                # (2,000 pings a second at 1,024 launchers would make it quadratic).
+                self.liveness_due = now + LIVENESS_SECONDS
+                self._liveness(now)
+                self.changed = True  # the waits of a start (fences, a successor's) are timed
+            if self.changed or not self.fencing:
+                # Pings change nothing _act reads but the leases, which the look above covers.
+                self.changed = False
+                self._act()
             if self.report_due is not None and time.monotonic() >= self.report_due:
                 self.report_due = None
                 if not self.fencing or self.quorum:
@@ -349,6 +361,7 @@ class Coordinator:
             self.drops_unsaid += 1
 
     def _gone(self, conn: Conn) -> None:
+        self.changed = True
         self.pending.pop(conn, None)
         client = self.clients.pop(conn, None)
         if client is None:
@@ -388,6 +401,8 @@ class Coordinator:
     def _handle(self, conn: Conn, m: Message) -> None:
         client = self.clients[conn]
         op = m["op"]
+        if op != "ping":
+            self.changed = True
         if op == "hello":
             node = count(m, "node", self.nodes + self.spare_count - 1)
             pod = m.get("pod")
@@ -402,10 +417,10 @@ class Coordinator:
                 raise ProtocolError(f"a hello as node rank {node} without the job's key")
             older = self.by_node.get(node)
             moved = self.fencing and node in self.swaps and self.swaps[node] != pod
-            if spare is not None and older is not None and older in self.clients:
-                # A spare number whose pod holds a node rank now is made again: the new spare
-                # takes the number, the old one keeps its rank (held by its pod's name).
-                moved = moved or self.clients[older].pod in self.held
+            if spare is not None:
+                # A spare is known by its pod (below): a spare number whose pod holds a node rank
+                # is made again, and the old pod, reconnecting, keeps its rank.
+                moved = True
             if older is not None and older is not conn and not older.closed and not moved:
                 # Held by an open connection: a second hello is refused (never the newer one
                 # winning), so no peer can take a launcher's place.
@@ -419,8 +434,8 @@ class Coordinator:
             client.ip = ip[:45] if isinstance(ip, str) and ip else _peer_ip(conn)
             client.standby = standby
             self.pending.pop(conn, None)
-            if not moved:
-                self.by_node[node] = conn
+            if not moved or (spare is not None and client.pod not in self.held):
+                self.by_node[node] = conn  # a node rank's pod, or the idle spare of that number
             self.by_pod[client.pod] = conn
             welcome: Message = {"op": "welcome"}
             if self.fencing:
@@ -482,6 +497,7 @@ class Coordinator:
             raise ProtocolError(f"unknown op {op!r}")
 
     def _decided(self, decision: Decision) -> None:
+        self.changed = True
         attempt, phase = decision.attempt, decision.phase
         if attempt < self.decided:
             return  # an older version of the status than one already seen
@@ -635,7 +651,7 @@ class Coordinator:
             granted = self.clients[conn].granted if conn is not None else None
             if granted is None or granted < fresh:
                 return False
-        # (The loop looks again every HEARTBEAT_SECONDS / 2.)
+        # (The loop looks again every LIVENESS_SECONDS.)
         if self.ready_at is not None and now < self.ready_at:
             return False
         if self.fences.wait(now) is not None:
