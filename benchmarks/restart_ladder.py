@@ -52,6 +52,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from operator_scale import PVC, Bench, _wait, failure_to_recreated  # noqa: E402
 
 AGENTS_PER_PROCESS = 128
+PER_JOB = 5  # node losses timed in one job (see node_loss)
 
 
 # --- the launchers (run in their own processes: `restart_ladder.py launchers ...`) -------------
@@ -470,7 +471,7 @@ def node_loss_rung(
     body["spec"]["resources"]["spareNodes"] = spares
     b.kubectl("apply", "-f", "-", input=json.dumps(body))
     _wait(lambda: len(running_pods(b, ns, job)) == n + spares, 900, "every pod Running", 2.0)
-    out = work / rung
+    out = work / f"{rung}-{suffix}"
     out.mkdir()
     launchers = start_launchers(b, ns, job, n, out, spares=spares)
 
@@ -522,10 +523,14 @@ def node_loss_rung(
 def node_loss(b: Bench, n: int, runs: int, suffix: str, work: Path) -> None:
     """The node-loss ladder at `n` pods: `runs` losses onto a warm spare (SpareSwap), then
     losses without one (ReplacePod) in a job without spares, printed side by side."""
-    results = {
-        "SpareSwap": node_loss_rung(b, n, "SpareSwap", 1, runs, suffix, work),
-        "ReplacePod": node_loss_rung(b, n, "ReplacePod", 0, max(3, runs // 3), suffix, work),
-    }
+    # At most PER_JOB losses a job: from the sixth attempt of an hour on, the operator's own
+    # floor (core/churn.py) doubles the wait before each new attempt, whatever its rung.
+    results: dict[str, list[dict[str, float]]] = {"SpareSwap": [], "ReplacePod": []}
+    for i, first in enumerate(range(0, runs, PER_JOB)):
+        results["SpareSwap"] += node_loss_rung(
+            b, n, "SpareSwap", 1, min(PER_JOB, runs - first), f"{suffix}-{i}", work
+        )
+    results["ReplacePod"] = node_loss_rung(b, n, "ReplacePod", 0, 3, suffix, work)
     for rung, figures in results.items():
         values = sorted(f["loss → every launcher released"] for f in figures)
         p99 = values[min(len(values) - 1, int(0.99 * len(values)))]
