@@ -285,3 +285,29 @@ def test_a_spare_made_again_joins_beside_the_one_that_holds_a_rank(
     again.until("welcome")
     for p in (node0, new, again):
         p.close()
+
+
+def test_a_launcher_gone_right_after_its_messages_leaves_the_coordinator_serving(
+    coordinator: tuple[Coordinator, _Source, _Sink],
+) -> None:
+    """A launcher's hello and pings arrive with its end of stream (it died right after writing
+    them): the welcome finds the connection closed, and the messages after the hello are not
+    read on a connection already gone (the coordinator's thread died on them once)."""
+    c, _, _ = coordinator
+    sock = socket.create_connection(("127.0.0.1", c.port), timeout=5)
+    file = sock.makefile("rb")
+    challenge = json.loads(file.readline())["nonce"]
+    hello: dict[str, Any] = {"op": "hello", "node": 1, "pod": "job-a0-1", "epoch": None}
+    hello.update(nonce="ab" * 32, spare=None, ip="127.0.0.1", standby=None, term=0)
+    hello["mac"] = hello_mac(KEY, challenge, hello)
+    pings = [encode({"op": "ping", "seq": i}) for i in (1, 2)]
+    sock.sendall(b"".join([encode(hello), *pings]))
+    sock.shutdown(socket.SHUT_WR)
+    while file.readline():  # until the coordinator closes it
+        pass
+    file.close()
+    sock.close()
+    node0 = Peer(c.port, 0, "job-a0-0")
+    node0.until("welcome")  # still serving
+    assert c.thread.is_alive()
+    node0.close()
