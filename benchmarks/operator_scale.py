@@ -71,7 +71,15 @@ class Bench:
             "-f",
             str(REPO / "crds" / "megatronjobs.megatron.dev.yaml"),
         )
-        self.kubectl("wait", "--for=condition=Established", "crd/megatronjobs.megatron.dev")
+
+        # Right after the apply the CRD may have no conditions yet, and kubectl wait then fails
+        # at once rather than waiting: look again.
+        def established() -> bool:
+            crd = json.loads(self.kubectl("get", "crd/megatronjobs.megatron.dev", "-o", "json"))
+            conditions = (crd.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        _wait(established, 60, "the CRD established", 0.5)
         self.op = subprocess.Popen(
             [sys.executable, "-m", "megatron_operator.cli.main", "operator", "--metrics-port=0"],
             env=self.env,
@@ -97,18 +105,20 @@ class Bench:
         them. The measured waits poll with this: a full `-o json` list of 1,024 pods every
         second cost the apiserver and kubectl about half a core here, taken from the very
         control plane being measured."""
-        method, url, headers, body, _ = self.api.param_serialize(
-            "GET",
+        # The pinned client (kubernetes 36) has call_api(path, method, ...), no param_serialize.
+        resp = self.api.call_api(
             f"/api/v1/namespaces/{ns}/pods",
+            "GET",
             query_params=[("labelSelector", selector)],
             header_params={
                 "Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
             },
             auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=60,
         )
-        resp = self.api.call_api(method, url, headers, body, _request_timeout=60)
-        resp.read()
-        items: list[dict[str, Any]] = json.loads(resp.data).get("items") or []
+        raw = resp[0] if isinstance(resp, tuple) else resp
+        items: list[dict[str, Any]] = json.loads(raw.data).get("items") or []
         return items
 
     def job(self, ns: str, name: str, nodes: int, **spec: Any) -> dict[str, Any]:

@@ -13,6 +13,9 @@ from typing import Final
 
 INT64_MAX: Final = 2**63 - 1  # what the apiserver stores for an integer
 MAX_NODES: Final = 4096  # pods of one job; the chart's admission policy may lower it
+MAX_SPARE_NODES: Final = (
+    64  # resources.spareNodes: warm pods beside the gang (nodes + spares ≤ MAX_NODES)
+)
 MAX_PROCS_PER_NODE: Final = 256  # ranks per pod (GPUs, or CPU processes)
 MAX_WORLD_SIZE: Final = 65536  # nodes × procsPerNode
 MAX_DURATION_SECONDS: Final = 30 * 24 * 3600  # every *Seconds field: 30 days

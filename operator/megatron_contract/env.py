@@ -50,6 +50,14 @@ REPORT_FILE: Final = "MEGATRON_REPORT_FILE"
 # The file holding the job's coordinator key (paths.COORDINATOR_KEY_PATH in a pod; a file of the
 # run's own locally): without it the launchers run no coordinator (no in-place restarts).
 COORDINATOR_KEY_FILE: Final = "MEGATRON_COORDINATOR_KEY_FILE"
+# Spare nodes (spec.resources.spareNodes): how many the job keeps (on every pod), and on a spare
+# pod its index (its NODE_RANK is then NNODES + the index, never a rank: an older launcher refuses
+# it). A spare runs no rank until the coordinator gives it one.
+SPARE_NODES: Final = "MEGATRON_SPARE_NODES"
+SPARE_INDEX: Final = "MEGATRON_SPARE_INDEX"
+# The coordinator's address when it moved off node rank 0's pod (set on pods created after the
+# move); unset: MASTER_ADDR.
+COORDINATOR_ADDR: Final = "MEGATRON_COORDINATOR_ADDR"
 POD_NAME: Final = "POD_NAME"
 POD_NAMESPACE: Final = "POD_NAMESPACE"
 # The pod's own IP (the downward API): the coordinator listens there only, not on every
@@ -98,6 +106,9 @@ RESERVED: Final = frozenset(
         STATUS_FILE,
         REPORT_FILE,
         COORDINATOR_KEY_FILE,
+        SPARE_NODES,
+        SPARE_INDEX,
+        COORDINATOR_ADDR,
         POD_NAME,
         POD_NAMESPACE,
         POD_IP,
@@ -157,6 +168,9 @@ class RuntimeEnv:
     report_file: str | None = None
     coordinator_key_file: str | None = None
     pod_ip: str | None = None
+    spare_nodes: int = 0
+    spare: int | None = None  # this pod is spare number `spare` (it holds no rank yet)
+    coordinator_addr: str | None = None
 
     def global_rank(self, local_rank: int) -> int:
         """Ranks are contiguous per node, so TP groups (innermost) stay inside one pod."""
@@ -195,6 +209,8 @@ def runtime_env(environ: Mapping[str, str]) -> RuntimeEnv:
     nproc = integer(NPROC_PER_NODE, 1)
     restart_attempt = integer(RESTART_ATTEMPT, 0, default=0)
     coordinator_port = integer(COORDINATOR_PORT, 1, default=DEFAULT_COORDINATOR_PORT)
+    spare_nodes = integer(SPARE_NODES, 0, default=0)
+    spare = integer(SPARE_INDEX, 0, default=-1) if environ.get(SPARE_INDEX) else None
     if coordinator_port is not None and coordinator_port > 65535:
         problems.append(f"{COORDINATOR_PORT}: must be a TCP port (1-65535), got {coordinator_port}")
     strategy = environ.get(RESTART_STRATEGY) or RECREATE
@@ -208,14 +224,21 @@ def runtime_env(environ: Mapping[str, str]) -> RuntimeEnv:
             f"{WORLD_SIZE} ({world_size}) must equal {NNODES} ({nnodes}) × "
             f"{NPROC_PER_NODE} ({nproc})"
         )
-    if node_rank is not None and nnodes is not None and node_rank >= nnodes:
+    if spare is not None and spare_nodes is not None and spare >= spare_nodes:
+        problems.append(f"{SPARE_INDEX} ({spare}) must be < {SPARE_NODES} ({spare_nodes})")
+    elif spare is not None and None not in (node_rank, nnodes) and node_rank != nnodes + spare:  # type: ignore[operator]
+        problems.append(
+            f"{NODE_RANK} ({node_rank}) of spare {spare} must be {NNODES} + {SPARE_INDEX} "
+            f"({(nnodes or 0) + spare})"
+        )
+    elif spare is None and node_rank is not None and nnodes is not None and node_rank >= nnodes:
         problems.append(f"{NODE_RANK} ({node_rank}) must be < {NNODES} ({nnodes})")
     injections = parse_injections(environ.get(INJECT_FAILURE, ""), problems)
     if problems:
         raise ConfigError(problems)
     assert master_port is not None and world_size is not None and nnodes is not None
     assert node_rank is not None and nproc is not None and restart_attempt is not None
-    assert coordinator_port is not None
+    assert coordinator_port is not None and spare_nodes is not None
     return RuntimeEnv(
         master_addr=master_addr,
         master_port=master_port,
@@ -237,6 +260,9 @@ def runtime_env(environ: Mapping[str, str]) -> RuntimeEnv:
         report_file=environ.get(REPORT_FILE) or None,
         coordinator_key_file=environ.get(COORDINATOR_KEY_FILE) or None,
         pod_ip=environ.get(POD_IP) or None,
+        spare_nodes=spare_nodes,
+        spare=spare,
+        coordinator_addr=environ.get(COORDINATOR_ADDR) or None,
     )
 
 

@@ -18,6 +18,7 @@ import pytest
 from megatron_contract.config import load_config, load_launch_config
 from megatron_contract.env import RESERVED as RESERVED_ENV
 from megatron_contract.env import runtime_env
+from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
 from megatron_contract.paths import PROGRESS_ANNOTATION
 from megatron_contract.timeline import Clock
@@ -149,7 +150,10 @@ def test_the_renderer_sets_exactly_the_reserved_env() -> None:
     # data and init directories only with their volumes (below).
     local_only = {"MEGATRON_PROGRESS_FILE", "MEGATRON_STATUS_FILE", "MEGATRON_REPORT_FILE"}
     dirs = {"MEGATRON_DATA_DIR", "MEGATRON_INIT_DIR"}
-    assert RESERVED_ENV - names == {*local_only, *dirs, "MEGATRON_SCRATCH"}
+    # Only with resources.spareNodes (below): the spares' count and number, and where the
+    # coordinator listens once it moved.
+    spare = {"MEGATRON_SPARE_NODES", "MEGATRON_SPARE_INDEX", "MEGATRON_COORDINATOR_ADDR"}
+    assert RESERVED_ENV - names == {*local_only, *dirs, *spare, "MEGATRON_SCRATCH"}
     volumes = load_file(
         ROOT / "examples" / "cpu-tiny.yaml",
         [
@@ -160,14 +164,45 @@ def test_the_renderer_sets_exactly_the_reserved_env() -> None:
     )
     with_volumes = next(o for o in render(volumes, plan(volumes.spec)) if o["kind"] == "Pod")
     names = {e["name"] for e in with_volumes["spec"]["containers"][0]["env"]}
-    assert RESERVED_ENV - names == {*local_only, "MEGATRON_SCRATCH"}
+    assert RESERVED_ENV - names == {*local_only, *spare, "MEGATRON_SCRATCH"}
     job = load_file(ROOT / "examples" / "llama3-8b-auto.yaml")  # msc:// and a data claim
     pod = next(o for o in render(job, plan(job.spec)) if o["kind"] == "Pod")
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    assert RESERVED_ENV - set(env) == {*local_only, "MEGATRON_INIT_DIR"}
+    assert RESERVED_ENV - set(env) == {*local_only, *spare, "MEGATRON_INIT_DIR"}
     # MSC's own variable, last: the mounted Secret wins over any spec.env entry of that name.
     assert list(env)[-2:] == ["MSC_CONFIG", "MEGATRON_SCRATCH"]
     assert env["MSC_CONFIG"] == "/etc/megatron-msc/msc_config.yaml"
+
+
+def test_a_spare_pod_parses_as_a_spare_and_an_older_launcher_refuses_it() -> None:
+    """A spare's NODE_RANK is its index among the job's pods (NNODES + its number): the launcher
+    reads it as a spare; a launcher that knows no spares (the check below) refuses it, so an old
+    image never runs a spare as a rank."""
+    job = load_file(
+        ROOT / "examples" / "cpu-tiny.yaml",
+        [
+            "resources.nodes=2",
+            "resources.spareNodes=2",
+            "training.globalBatchSize=8",
+            "checkpoint.volume.create.accessModes=[ReadWriteMany]",
+        ],
+    )
+    pods = [o for o in render(job, plan(job.spec)) if o["kind"] == "Pod"]
+    assert [p["metadata"]["name"] for p in pods] == [
+        "cpu-tiny-a0-0", "cpu-tiny-a0-1", "cpu-tiny-a0-s0", "cpu-tiny-a0-s1"
+    ]  # fmt: skip
+    gang = [runtime_env(_pod_env(p)) for p in pods]
+    assert [(e.node_rank, e.spare, e.spare_nodes) for e in gang] == [
+        (0, None, 2), (1, None, 2), (2, 0, 2), (3, 1, 2)
+    ]  # fmt: skip
+    assert pods[2]["metadata"]["labels"]["megatron.dev/spare"] == "0"
+    assert pods[2]["spec"]["hostname"] == "cpu-tiny-s0"
+    spare_env = _pod_env(pods[3])
+    older = {k: v for k, v in spare_env.items() if k != "MEGATRON_SPARE_INDEX"}
+    with pytest.raises(ConfigError, match="NODE_RANK"):
+        runtime_env(older)
+    with pytest.raises(ConfigError, match="MEGATRON_SPARE_INDEX"):
+        runtime_env({**spare_env, "MEGATRON_SPARE_INDEX": "2"})
 
 
 def test_keep_zero_means_keep_all_on_both_sides(tmp_path: Path) -> None:

@@ -121,8 +121,11 @@ class Rank0Logs:
     iteration → loss (a step recomputed after a resume replaces the earlier value), and every
     line, for the assertions on what the trainer said."""
 
-    def __init__(self, c: RealCluster, ns: str, job: str) -> None:
+    def __init__(self, c: RealCluster, ns: str, job: str, every_pod: bool = False) -> None:
+        # every_pod: follow each pod of the job (only global rank 0 prints progress records):
+        # with spares, node rank 0 may run on a spare pod.
         self.c, self.ns, self.job = c, ns, job
+        self.selector = f"{JOB_LABEL}={job}" + ("" if every_pod else f",{RANK_LABEL}=0")
         self.losses: dict[int, float] = {}
         self.records: list[dict[str, Any]] = []
         self.lines: list[str] = []
@@ -142,7 +145,7 @@ class Rank0Logs:
                 "-n",
                 self.ns,
                 "-l",
-                f"{JOB_LABEL}={self.job},{RANK_LABEL}=0",
+                self.selector,
                 "-o",
                 "json",
                 check=False,
@@ -211,6 +214,7 @@ NOT_NUMERICS = (
     ("checkpoint", "saveInterval"),
     ("checkpoint", "volume"),
     ("restartPolicy", "strategy"),
+    ("resources", "spareNodes"),
 )
 _LOCAL: dict[str, dict[int, float]] = {}
 

@@ -1,6 +1,8 @@
 """The restart ladder in `mjob run --local`, where processes stand in for pods: a killed rank
 restarts in place inside its launcher process, a killed launcher process ("pod") is replaced
-alone, and both resume exactly (losses bit-identical to an uninterrupted run).
+alone, a lost "pod" with a spare beside it (resources.spareNodes) hands its node rank to the
+spare (node rank 0's too, with the coordinator), and all resume exactly (losses bit-identical to
+an uninterrupted run). The spare scenarios take 60-90 s each on 2 cores.
 
 The checkpoint tiers (with test_local_run's and test_object_storage's kills, 20 kill points in
 these runs): each in-place restart resumes from every pod's own memory and each replaced pod's
@@ -159,3 +161,92 @@ def _forge(port: int, node: int) -> socket.socket:
     failed = {"op": "failed", "epoch": 0, "local": 0, "code": 78, "time": "2026-01-01T00:00:00Z"}
     sock.sendall(encode(hello) + encode(failed))
     return sock
+
+
+# --- spare nodes: a lost "pod" (its whole process group killed, as a lost node takes its
+# launcher and ranks with it) hands its node rank to the warm spare; no pod is made on the way.
+SPARE = ["--set", "resources.spareNodes=1"]
+
+
+def _launchers(proc: subprocess.Popen[str]) -> dict[str, psutil.Process]:
+    """The launcher process of each "pod", by NODE_RANK (the spare's is 2)."""
+    return {
+        p.environ().get("NODE_RANK", "?"): p
+        for p in psutil.Process(proc.pid).children(recursive=True)
+        if p.cmdline()[-2:] == ["-m", "megatron_trainer"]
+    }
+
+
+def _lose_a_pod(tmp_path: Path, node: str) -> tuple[int, dict[str, Any], str, float]:
+    proc = subprocess.Popen(
+        run_argv(tmp_path, *TWO_PODS, *SPARE, iters=14, save=3),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    progress = tmp_path / "progress.jsonl"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        lines = progress.read_text().splitlines() if progress.exists() else []
+        if len(lines) >= 5:
+            break
+        time.sleep(0.2)
+    launchers = _launchers(proc)
+    assert set(launchers) == {"0", "1", "2"}, launchers
+    # The "node" is lost: its launcher and its ranks at once (its process group).
+    os.killpg(launchers[node].pid, signal.SIGKILL)
+    killed = time.time()
+    out, _ = proc.communicate(timeout=1200)
+    path = tmp_path / "summary.json"
+    return proc.returncode, json.loads(path.read_text()) if path.exists() else {}, out, killed
+
+
+def _no_pod_made_on_the_way(tmp_path: Path) -> None:
+    """Attempt 1's pods: only the spare made again afterwards (a new spare), no node rank's."""
+    logs = tmp_path / "logs"
+    assert sorted(p.name for p in (logs / "attempt-0").iterdir()) == [
+        "cpu-tiny-a0-0.log",
+        "cpu-tiny-a0-1.log",
+        "cpu-tiny-a0-s0.log",
+    ]
+    made = (
+        sorted(p.name for p in (logs / "attempt-1").iterdir())
+        if (logs / "attempt-1").exists()
+        else []
+    )
+    assert made in ([], ["cpu-tiny-a1-s0.log"]), made
+
+
+def test_a_lost_pod_moves_its_node_rank_onto_the_spare(
+    clean: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    code, s, out, killed = _lose_a_pod(tmp_path, "1")
+    assert code == 0, out[-3000:]
+    assert s["restarts"] == 1 and s["losses"] == clean["losses"]
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["lastFailure"]["rung"] == "SpareSwap", status["lastFailure"]
+    assert status["swaps"] == {"1": "cpu-tiny-a0-s0"}
+    _no_pod_made_on_the_way(tmp_path)
+    spare = (tmp_path / "logs" / "attempt-0" / "cpu-tiny-a0-s0.log").read_text()
+    assert "started the ranks of attempt 1" in spare and "running node rank 1" in spare
+    check_ledger(tmp_path, kills=[killed])
+    assert s["ledger"]["seconds"]["restartSpareSwap"] > 0
+
+
+def test_node_rank_0_lost_moves_the_coordinator_and_its_rank(
+    clean: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    code, s, out, killed = _lose_a_pod(tmp_path, "0")
+    assert code == 0, out[-3000:]
+    assert s["restarts"] == 1 and s["losses"] == clean["losses"]
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["lastFailure"]["rung"] == "SpareSwap", status["lastFailure"]
+    assert status["swaps"] == {"0": "cpu-tiny-a0-s0"}
+    assert status["coordinator"]["pod"] == "cpu-tiny-a0-1", status.get("coordinator")
+    _no_pod_made_on_the_way(tmp_path)
+    pod1 = (tmp_path / "logs" / "attempt-0" / "cpu-tiny-a0-1.log").read_text()
+    assert "coordinating (term 1)" in pod1 and "started the ranks of attempt 1" in pod1
+    check_ledger(tmp_path, kills=[killed])

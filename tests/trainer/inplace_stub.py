@@ -24,6 +24,8 @@ def rank(workdir: Path) -> int:
         "port": int(os.environ["MASTER_PORT"]),
         "pid": os.getpid(),
         "time": time.time(),
+        "pod": os.environ.get("POD_NAME"),
+        "master": os.environ.get("MASTER_ADDR"),
     }
     with open(workdir / "ranks.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")

@@ -63,7 +63,11 @@ class Gang:
         self.status(0, "Pending")
 
     def env(self, node: int, attempt: int = 0, pod: str | None = None) -> dict[str, str]:
+        """Node ranks from `nodes` on are spares (with MEGATRON_SPARE_NODES in `extra`)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_")}
+        if node >= self.nodes:
+            env["MEGATRON_SPARE_INDEX"] = str(node - self.nodes)
+            pod = pod or f"job-a{attempt}-s{node - self.nodes}"
         env.update(
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(self.master_port),
@@ -92,9 +96,12 @@ class Gang:
                 stderr=subprocess.STDOUT,
             )
 
-    def status(self, attempt: int, phase: str) -> None:
+    def status(self, attempt: int, phase: str, swaps: dict[int, str] | None = None) -> None:
+        doc: dict[str, Any] = {"restartAttempt": attempt, "phase": phase}
+        if swaps:
+            doc["swaps"] = {str(r): p for r, p in swaps.items()}
         tmp = self.status_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"restartAttempt": attempt, "phase": phase}))
+        tmp.write_text(json.dumps(doc))
         os.replace(tmp, self.status_file)
 
     def ranks(self, attempt: int | None = None) -> list[dict[str, Any]]:

@@ -103,6 +103,12 @@ CASES: list[Case] = [
         {"resources.nodes": 4096, "resources.procsPerNode": 256, "training.globalBatchSize": 2**20},
         "spec.resources",
     ),
+    _case(
+        "nodes and spares above the pod cap",
+        {"resources.nodes": 4090, "resources.procsPerNode": 1, "resources.spareNodes": 8},
+        "spec.resources",
+    ),
+    _case("spareNodes huge", {"resources.spareNodes": 2**40}, "spec.resources.spareNodes"),
     _case("procsPerNode huge", {"resources.procsPerNode": 100_000}, "spec.resources.procsPerNode"),
     _case("procsPerNode 2**64", {"resources.procsPerNode": 2**64}, "spec.resources.procsPerNode"),
     _case("tensor 2**31", {"parallelism.tensor": 2**31}, "spec.parallelism.tensor"),

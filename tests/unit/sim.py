@@ -118,7 +118,7 @@ class Sim:
         for i, p in enumerate(self.pods.values()):
             if p["status"]["phase"] == "Pending":
                 p["spec"]["nodeName"] = f"node-{i}"
-                p["status"] = {"phase": "Running"}
+                p["status"] = {"phase": "Running", "podIP": f"10.0.0.{i + 1}"}
 
     def fail(self, name: str, exit_code: int = 1, reason: str = "Error") -> None:
         self.pods[name]["status"] = {
@@ -180,9 +180,15 @@ class Sim:
         lost: list[str] = (),  # type: ignore[assignment]
         attempt: int | None = None,
         started: int = 0,
+        spares: list[str] | None = None,
+        quorum: bool | None = None,
+        coordinator: str | None = None,
+        term: int = 0,
     ) -> None:
         """Write the launchers' report as the coordinator would: rank failures (node rank, exit
-        code) of `attempt` (default: the current one) and the pods whose launcher dropped out."""
+        code) of `attempt` (default: the current one) and the pods whose launcher dropped out;
+        with spare nodes, the idle spares connected and whether the coordinator (`coordinator`
+        in `term`) hears a majority (`spares` given: yes, unless `quorum` says otherwise)."""
         assert self.lease is not None, "the operator has not created the progress Lease yet"
         if attempt is None:  # the attempt the ranks run: a decided one is not started yet
             attempt = int(self.status.get("restartAttempt", 0))
@@ -200,5 +206,9 @@ class Sim:
                 )
                 for p in lost
             ),
+            coordinator=coordinator,
+            term=term,
+            quorum=quorum if quorum is not None else (True if spares is not None else None),
+            spares=tuple(spares or ()),
         )
         self.lease["metadata"].setdefault("annotations", {})[REPORT_ANNOTATION] = report.dumps()

@@ -128,6 +128,7 @@ def test_every_string_in_the_schema_has_a_length_cap() -> None:
 # the real apiserver in the integration test.
 CEL_CASES = {
     "world size above the cap": "spec.resources",
+    "nodes and spares above the pod cap": "spec.resources",
     "nodeSelector key with space": "spec.resources.nodeSelector",
     "nodeSelector key bad prefix": "spec.resources.nodeSelector",
     "nodeSelector key prefix too long": "spec.resources.nodeSelector",

@@ -22,8 +22,8 @@ def test_counters_start_at_zero_and_go_with_the_job() -> None:
     m = Metrics()
     m.observe_status("team", "a", {"phase": "Pending"}, {"restartPolicy": {}})
     restarts = series(m, "megatronjob_restarts_total")
-    # Every reason by every rung (InPlace, ReplacePod, Recreate).
-    assert len(restarts) == len(RESTART_SERIES) == 3 * len(RESTART_REASONS)
+    # Every reason by every rung (InPlace, SpareSwap, ReplacePod, Recreate).
+    assert len(restarts) == len(RESTART_SERIES) == 4 * len(RESTART_REASONS)
     assert set(restarts.values()) == {0.0}
     assert '{name="a",namespace="team",reason="StartupTimeout",rung="Recreate"}' in restarts
     error = '{name="a",namespace="team",reason="Error",rung="InPlace"}'

@@ -641,6 +641,33 @@ CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
 ]
 
 
+SPARE_CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
+    (
+        "spare nodes need the in-place strategy",
+        "spec.resources.spareNodes",
+        {"resources.spareNodes": 2},
+        {"resources.spareNodes": 2, "restartPolicy.strategy": "Recreate"},
+        True,
+    ),
+    (
+        "a spare mounts the created checkpoint volume too",
+        "spec.checkpoint.volume.create.accessModes",
+        {
+            "resources.nodes": 1,
+            "checkpoint.volume": {"create": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}},
+        },
+        {
+            "resources.nodes": 1,
+            "resources.spareNodes": 1,
+            "training.globalBatchSize": 64,
+            "checkpoint.volume": {"create": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}},
+        },
+        True,
+    ),
+]
+CASES += SPARE_CASES
+
+
 def _python_errors(spec: dict[str, Any]) -> list[str]:
     return [e.path for e in validate(MegatronJobSpec.model_validate(spec))]
 
@@ -686,6 +713,14 @@ def test_invalid_case_is_rejected_with_the_field(
     assert _python_errors(spec) == [field]
     if cel:
         assert _cel_errors(spec) == [field]
+
+
+def test_spare_nodes_are_refused_with_a_trainer_command_on_both_sides() -> None:
+    command = {"trainer": {"command": ["python", "train.py"]}}
+    assert _python_errors(spec_of({**command, "resources.spareNodes": 0})) == []
+    assert _cel_errors(spec_of({**command, "resources.spareNodes": 0})) == []
+    spec = spec_of({**command, "resources.spareNodes": 1})
+    assert _python_errors(spec) == _cel_errors(spec) == ["spec.resources.spareNodes"]
 
 
 def test_base_spec_is_valid() -> None:

@@ -394,6 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
             in_place = False
+    if not in_place and env.spare is not None:
+        return _idle_spare(env)
     reading = read_progress(config, env, cpu, parallel) if config.trainer is not None else None
     try:
         if in_place:
@@ -419,6 +421,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if reading is not None:
             reading.close()
+
+
+def _idle_spare(env: RuntimeEnv) -> int:
+    """A spare pod that cannot restart in place (no usable coordinator key) can never be given
+    a rank: it holds its place, running nothing, until it is stopped."""
+    print(
+        f"megatron_trainer: spare {env.spare} cannot run ranks in place here: idle until stopped",
+        file=sys.stderr,
+        flush=True,
+    )
+    stopped: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stopped.append(signum))
+    while not stopped:
+        signal.pause()
+    return int(ExitCode.SIGTERM)
 
 
 def check(env: RuntimeEnv) -> LaunchConfig:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from megatron_contract.bounds import MAX_WORLD_SIZE
+from megatron_contract.bounds import MAX_NODES, MAX_WORLD_SIZE
 from megatron_contract.env import OWNED as OWNED_ENV
 from megatron_contract.env import OWNED_PREFIX as OWNED_ENV_PREFIX
 from megatron_contract.paths import INIT_MOUNT
@@ -175,6 +175,27 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         f"resources.nodes × resources.procsPerNode must be at most {MAX_WORLD_SIZE} ranks: "
         "use fewer nodes or processes per node",
         ".resources",
+    ),
+    rule(
+        f"!has({R}.spareNodes) || {R}.nodes + {R}.spareNodes <= {MAX_NODES}",
+        f"resources.nodes + resources.spareNodes must be at most {MAX_NODES} pods: use fewer "
+        "spare nodes",
+        ".resources",
+    ),
+    rule(
+        f"!has({R}.spareNodes) || {R}.spareNodes == 0 || !has({S}.restartPolicy) || "
+        f"!has({S}.restartPolicy.strategy) || {S}.restartPolicy.strategy == 'InPlace'",
+        "spare nodes need restartPolicy.strategy InPlace: a lost node's rank moves onto a spare "
+        "as an in-place restart; set the strategy to InPlace, or spareNodes to 0",
+        ".resources.spareNodes",
+    ),
+    rule(
+        f"!has({R}.spareNodes) || {R}.spareNodes == 0 || !has({S}.trainer) || "
+        f"(has({S}.restartPolicy) && has({S}.restartPolicy.strategy) && "
+        f"{S}.restartPolicy.strategy != 'InPlace')",
+        "spare nodes need the in-place restart, which a trainer.command's ranks do not have: "
+        "remove trainer.command, or set spareNodes to 0",
+        ".resources.spareNodes",
     ),
     # --- required model fields when there is no recipe
     *[
@@ -493,9 +514,10 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         ".checkpoint.shardingType",
     ),
     rule(
-        f"!has({CKPT}.volume) || !has({CKPT}.volume.create) || {R}.nodes == 1 || "
+        f"!has({CKPT}.volume) || !has({CKPT}.volume.create) || "
+        f"{R}.nodes + (has({R}.spareNodes) ? {R}.spareNodes : 0) == 1 || "
         f"'ReadWriteMany' in {CKPT}.volume.create.accessModes",
-        "several nodes write checkpoints to one volume: include ReadWriteMany",
+        "several nodes (spares included) mount the checkpoint volume: include ReadWriteMany",
         ".checkpoint.volume.create.accessModes",
     ),
     rule(

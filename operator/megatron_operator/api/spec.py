@@ -28,6 +28,7 @@ from megatron_contract.bounds import (
     MAX_RESTARTS,
     MAX_SEED,
     MAX_SEQUENCE,
+    MAX_SPARE_NODES,
     MAX_VOCAB,
     MAX_WORLD_SIZE,
 )
@@ -468,6 +469,15 @@ class ResourcesSpec(ApiModel):
     network: NetworkSpec = Field(
         default_factory=NetworkSpec, description="The inter-node fabric (default: none)."
     )
+    spare_nodes: NonNegativeInt = Field(
+        0,
+        le=MAX_SPARE_NODES,
+        description="Warm spare pods kept beside the gang (same resources, same topology "
+        "domain, image pulled, launcher and imports ready), counted in the Kueue Workload's "
+        "quota. A lost node's rank moves onto a spare in seconds, without creating or "
+        "scheduling a pod; a new spare is created afterwards. Needs restartPolicy.strategy "
+        f"InPlace. At most {MAX_SPARE_NODES}, and nodes + spareNodes at most {MAX_NODES}.",
+    )
 
     @model_validator(mode="after")
     def _requests_within_limits(self) -> ResourcesSpec:
@@ -511,6 +521,17 @@ class ResourcesSpec(ApiModel):
             raise ValueError(
                 f"resources.nodes × resources.procsPerNode is {world}, above the cap of "
                 f"{MAX_WORLD_SIZE} ranks: use fewer nodes or processes per node"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _pods_cap(self) -> ResourcesSpec:
+        # Also a CEL rule (cel.py): every pod of the job, spares included, is rendered.
+        pods = self.nodes + self.spare_nodes
+        if pods > MAX_NODES:
+            raise ValueError(
+                f"resources.nodes + resources.spareNodes is {pods}, above the cap of "
+                f"{MAX_NODES} pods: use fewer spare nodes"
             )
         return self
 

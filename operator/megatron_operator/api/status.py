@@ -30,6 +30,8 @@ class Rung(StrEnum):
 
     IN_PLACE = "InPlace"  # every rank restarted inside the running pods
     REPLACE_POD = "ReplacePod"  # the lost pods recreated, the others' ranks restarted in place
+    # A lost pod's node rank moved onto a warm spare; every rank restarted in place, no pod made
+    SPARE_SWAP = "SpareSwap"
     RECREATE = "Recreate"  # every pod recreated
 
 
@@ -46,6 +48,7 @@ class Cause(StrEnum):
     RECOMPUTED = "recomputed"  # steps trained again after a restart, and work lost in flight
     RESTART_IN_PLACE = "restartInPlace"  # from a failure to its restart's release, per rung
     RESTART_REPLACE_POD = "restartReplacePod"
+    RESTART_SPARE_SWAP = "restartSpareSwap"
     RESTART_RECREATE = "restartRecreate"
     HANG_DETECTION = "hangDetection"  # from the last sign of life to the Hang restart
     SUSPENDED = "suspended"  # spec.suspend, or evicted back into the queue
@@ -58,6 +61,7 @@ class Cause(StrEnum):
 RESTART_CAUSES: dict[Rung, Cause] = {
     Rung.IN_PLACE: Cause.RESTART_IN_PLACE,
     Rung.REPLACE_POD: Cause.RESTART_REPLACE_POD,
+    Rung.SPARE_SWAP: Cause.RESTART_SPARE_SWAP,
     Rung.RECREATE: Cause.RESTART_RECREATE,
 }
 
@@ -109,6 +113,8 @@ class Reason(StrEnum):
     EVICTED = "Evicted"  # Kueue took the quota back (preemption, deactivation, ...)
     ADMISSION_CONFLICT = "AdmissionConflict"  # the admitted flavor contradicts the job's pods
     FORCE_DELETED = "ForceDeleted"  # a pod on a lost node, whose kubelet cannot finish its delete
+    SPARE_LOST = "SpareLost"  # a spare pod failed or its node went: it is made again
+    COORDINATOR_MOVED = "CoordinatorMoved"  # the launchers' coordinator moved off node rank 0
     ALL_PODS_STARTED = "AllPodsStarted"
     STARTING = "Starting"  # no pod reports a problem; not all are Running yet
     ATTEMPT_FAILED = "AttemptFailed"  # one event per failed attempt, naming every failed rank
@@ -147,7 +153,8 @@ class FailureRecord(ApiModel):
     message: str = Field("", description="Detail from the pod or the operator.")
     action: str = Field(description="What the failure rules decided.")
     rung: Rung | None = Field(
-        None, description="How the restart recovers: InPlace, ReplacePod or Recreate."
+        None,
+        description="How the restart recovers: InPlace, SpareSwap, ReplacePod or Recreate.",
     )
     rung_reason: str | None = Field(
         None, description="Why that rung, when it is not the lowest one (e.g. a node failed twice)."
@@ -204,6 +211,7 @@ class LedgerSeconds(ApiModel):
     recomputed: float | None = _SECONDS
     restart_in_place: float | None = _SECONDS
     restart_replace_pod: float | None = _SECONDS
+    restart_spare_swap: float | None = _SECONDS
     restart_recreate: float | None = _SECONDS
     hang_detection: float | None = _SECONDS
     suspended: float | None = _SECONDS
@@ -216,7 +224,7 @@ class LedgerSeconds(ApiModel):
 class RungCost(ApiModel):
     """What the restarts of one rung cost: from each failure to its next attempt's first step."""
 
-    rung: Rung = Field(description="InPlace, ReplacePod or Recreate.")
+    rung: Rung = Field(description="InPlace, SpareSwap, ReplacePod or Recreate.")
     count: int = Field(ge=0, description="Restarts of this rung.")
     seconds: float = Field(
         ge=0, description="Their recovery seconds in all (the attempt running when counted)."
@@ -315,6 +323,13 @@ class PlannedParallelism(ApiModel):
     )
 
 
+class CoordinatorRecord(ApiModel):
+    """The coordinator of the launchers, once it moved (status.coordinator)."""
+
+    pod: str = Field(description="The pod whose launcher coordinates.")
+    term: int = Field(ge=0, description="Its term: each move takes a higher one.")
+
+
 class MegatronJobStatus(ApiModel):
     """Observed state of a MegatronJob."""
 
@@ -411,6 +426,23 @@ class MegatronJobStatus(ApiModel):
         max_length=16,
         description="Failed pods kept for their logs (restartPolicy.keepFailedPods), oldest "
         "first: `kubectl logs` of one shows why its attempt failed.",
+    )
+    swaps: dict[str, str] | None = Field(
+        None,
+        max_length=4096,
+        description="With spec.resources.spareNodes: the node ranks (keys) held by a pod other "
+        "than the one created for them (values), since the gang was last created: a lost "
+        "node's rank moved onto a spare (or, later, onto a replacement pod).",
+    )
+    coordinator: CoordinatorRecord | None = Field(
+        None,
+        description="With spare nodes, once the coordinator moved off node rank 0's pod: the "
+        "launcher whose reports the operator follows.",
+    )
+    ready_spares: int | None = Field(
+        None,
+        description="With spec.resources.spareNodes: the spare pods Running whose launcher "
+        "is connected and idle, ready to take a lost node's rank.",
     )
     defaults: AppliedDefaults | None = Field(
         None,

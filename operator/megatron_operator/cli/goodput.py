@@ -29,6 +29,7 @@ MARKS: dict[Cause, str] = {
     Cause.QUEUED: "q",
     Cause.RESTART_IN_PLACE: "i",
     Cause.RESTART_REPLACE_POD: "p",
+    Cause.RESTART_SPARE_SWAP: "w",
     Cause.RESTART_RECREATE: "x",
     Cause.HANG_DETECTION: "h",
     Cause.SUSPENDED: "z",

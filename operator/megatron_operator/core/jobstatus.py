@@ -84,6 +84,9 @@ class JobStatus:
     defaults: dict[str, Any] | None = None  # the merged defaults, resolved once (core/defaults)
     ledger: dict[str, Any] | None = None  # the goodput ledger (core/ledger.py, accounting.py)
     forecast: dict[str, Any] | None = None  # the remaining time (core/forecast.py)
+    swaps: dict[str, str] | None = None  # node rank → the pod holding it (spares, core/spares.py)
+    coordinator: dict[str, Any] | None = None  # {"pod", "term"}: the coordinator it follows
+    ready_spares: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys we do not know, kept as they were
 
     @classmethod
@@ -129,6 +132,9 @@ class JobStatus:
             defaults=_dict(doc.get("defaults")),
             ledger=_dict(doc.get("ledger")),
             forecast=_dict(doc.get("forecast")),
+            swaps=_swaps(doc.get("swaps")),
+            coordinator=_coordinator(doc.get("coordinator")),
+            ready_spares=_optional_count(doc.get("readySpares")),
             extra={k: copy.deepcopy(v) for k, v in doc.items() if k not in known},
         )
 
@@ -145,6 +151,12 @@ class JobStatus:
         self.restart_attempt += 1
         self.gang_attempt = None
         self.failed_nodes = None
+        self.swaps = None  # every rank on the pod created for it again
+        self.coordinator = None  # node rank 0's launcher again
+
+    def swapped(self) -> dict[int, str]:
+        """status.swaps as node rank → pod."""
+        return {int(k): v for k, v in (self.swaps or {}).items()}
 
     def next_in_place(self) -> None:
         """A new attempt on the gang's pods (InPlace, ReplacePod): the pods stay current."""
@@ -174,6 +186,25 @@ def _dicts(value: object) -> list[dict[str, Any]] | None:
     if not isinstance(value, list):
         return None
     return [copy.deepcopy(v) for v in value if isinstance(v, dict)] or None
+
+
+def _swaps(value: object) -> dict[str, str] | None:
+    """node rank (decimal text) → pod name; other entries dropped."""
+    if not isinstance(value, dict):
+        return None
+    out = {
+        k: v
+        for k, v in list(value.items())[:4096]
+        if isinstance(k, str) and k.isdigit() and len(k) <= 6 and isinstance(v, str) and v
+    }
+    return out or None
+
+
+def _coordinator(value: object) -> dict[str, Any] | None:
+    if not isinstance(value, dict):
+        return None
+    pod, term = _text(value.get("pod")), _count(value.get("term"), -1)
+    return {"pod": pod, "term": term} if pod is not None and term >= 0 else None
 
 
 def _dict(value: object) -> dict[str, Any] | None:

@@ -269,8 +269,11 @@ def pod_template(job: MegatronJob, plan: Plan) -> Obj:
 
 
 def render_podsets(job: MegatronJob, plan: Plan) -> list[Obj]:
-    """The Workload's podSets: one per pod role (a MegatronJob has one, every node alike)."""
-    podset: Obj = {"name": PODSET_TRAINER, "count": plan.nodes, "template": pod_template(job, plan)}
+    """The Workload's podSets: one per pod role (a MegatronJob has one, every node alike). Its
+    count is every pod the job keeps: the gang's, and its spares (resources.spareNodes), which
+    hold their resources as the gang's pods do (docs/architecture.md, "Spare nodes")."""
+    count = plan.nodes + job.spec.resources.spare_nodes
+    podset: Obj = {"name": PODSET_TRAINER, "count": count, "template": pod_template(job, plan)}
     request = topology_request(job)
     if request is not None:
         podset["topologyRequest"] = request

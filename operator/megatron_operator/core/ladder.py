@@ -4,8 +4,10 @@ The failure rules (`policy.decide`) say *whether* to restart; this module says *
 lowest rung that can recover (docs/architecture.md, "The restart ladder"):
 
 1. InPlace: every launcher restarts its ranks inside its running pod;
-2. ReplacePod: the lost pods are recreated, the other pods restart their ranks in place;
-3. Recreate: every pod is recreated.
+2. SpareSwap: a lost pod's node rank moves onto a warm spare (core/spares.py), and every
+   launcher restarts its ranks in place;
+3. ReplacePod: the lost pods are recreated, the other pods restart their ranks in place;
+4. Recreate: every pod is recreated.
 
 A pod keeps the attempt it was created in; `status.gangAttempt` is the attempt the gang was last
 created in. For each node rank, the gang's pod is the newest one of an attempt between the two;
@@ -14,11 +16,13 @@ everything else of the job is stale.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from megatron_contract.ladder import IN_PLACE, RECREATE
 from megatron_operator.api.spec import RestartStrategy
 from megatron_operator.api.status import Rung
+from megatron_operator.core import spares as spare_nodes
 from megatron_operator.core.jobstatus import JobStatus
 from megatron_operator.core.names import MASTER_NODE_RANK
 from megatron_operator.core.observe import PodView
@@ -58,6 +62,7 @@ def partition(
 class Choice:
     rung: Rung
     why: str | None = None  # why not a lower rung (None: it is the lowest that can)
+    swaps: dict[int, str] = field(default_factory=dict)  # node rank → the spare taking it
 
 
 def choose(
@@ -67,10 +72,12 @@ def choose(
     st: JobStatus,
     stepped: bool,
     current: list[PodView],
+    spares: Sequence[PodView] | None = None,
 ) -> Choice:
     """The rung of the restart that `failures` (with `cause` to blame) call for, before the
     status moves to the next attempt. `stepped`: the current attempt reported a training step;
-    `current`: the gang's pods."""
+    `current`: the gang's pods; `spares`: the spares ready to take a lost pod's node rank (None:
+    the job keeps none)."""
     if strategy == RECREATE:
         return Choice(Rung.RECREATE, "spec.restartPolicy.strategy is Recreate")
     plain = next((x for x in current if x.strategy != IN_PLACE), None)
@@ -82,12 +89,17 @@ def choose(
             "in place",
         )
     lost = [f for f in failures if f.pod_lost]
-    host = next((f for f in lost if f.node_rank == MASTER_NODE_RANK), None)
+    swaps = spare_nodes.assign([f.node_rank for f in lost if f.node_rank is not None], spares or ())
+    host = next(
+        (f for f in lost if f.node_rank == MASTER_NODE_RANK and MASTER_NODE_RANK not in swaps),
+        None,
+    )
     if host is not None:
         return Choice(
             Rung.RECREATE,
             f"the pod of node rank {MASTER_NODE_RANK} ({host.pod}), which hosts the rendezvous, "
-            "was lost",
+            "was lost"
+            + (" and no spare was ready to take its node rank" if spares is not None else ""),
         )
     if st.gang < st.restart_attempt and not stepped:
         return Choice(
@@ -96,10 +108,12 @@ def choose(
             "training step",
         )
     node = repeated_node(cause, st)
-    if node is not None:
+    if node is not None and not (cause.pod_lost and cause.node_rank in swaps):
         return Choice(Rung.RECREATE, f"node {node} failed a second time in this gang")
+    if lost and all(f.node_rank in swaps for f in lost):
+        return Choice(Rung.SPARE_SWAP, swaps=swaps)
     if lost:
-        return Choice(Rung.REPLACE_POD)
+        return Choice(Rung.REPLACE_POD, swaps=swaps)
     return Choice(Rung.IN_PLACE)
 
 
@@ -117,15 +131,28 @@ def remember_node(cause: Failure, st: JobStatus) -> None:
     st.failed_nodes = nodes[-MAX_FAILED_NODES:]
 
 
-def describe(rung: Rung, attempt: int, replaced: list[str], why: str | None) -> str:
+def describe(
+    rung: Rung,
+    attempt: int,
+    replaced: list[str],
+    why: str | None,
+    swaps: dict[int, str] | None = None,
+) -> str:
     """The tail of the restart's event: what this rung does."""
+    moved = "; ".join(
+        f"node rank {r} moves onto spare {p}" for r, p in sorted((swaps or {}).items())
+    )
     if rung == Rung.IN_PLACE:
         text = f"restarting every rank in place as attempt {attempt}"
+    elif rung == Rung.SPARE_SWAP:
+        text = f"{moved}, every pod restarts its ranks in place as attempt {attempt}"
     elif rung == Rung.REPLACE_POD:
         pods = ", ".join(replaced[:5]) + (
             f" and {len(replaced) - 5} more" if len(replaced) > 5 else ""
         )
         text = f"replacing pod {pods}, the other pods restart their ranks in place as attempt {attempt}"
+        if moved:
+            text = f"{moved}; {text}"
     else:
         text = f"recreating every pod as attempt {attempt}"
     return f"{text} ({why})" if why else text

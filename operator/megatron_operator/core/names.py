@@ -17,7 +17,10 @@ DOMAIN: Final = "megatron.dev"
 LABEL_JOB_NAME: Final = f"{DOMAIN}/job-name"
 LABEL_JOB_UID: Final = f"{DOMAIN}/job-uid"
 LABEL_RESTART_ATTEMPT: Final = f"{DOMAIN}/restart-attempt"
+# A gang pod's node rank; a spare pod's index among the job's pods (nodes + its spare number), so
+# that Kueue's topology-aware scheduling (podIndexLabel) places the spares beside the gang.
 LABEL_NODE_RANK: Final = f"{DOMAIN}/node-rank"
+LABEL_SPARE: Final = f"{DOMAIN}/spare"  # a spare pod's number (0 .. spareNodes-1)
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "megatron-operator"
 ANNOTATION_LAYOUT: Final = f"{DOMAIN}/layout"
@@ -38,6 +41,16 @@ def pod_name(job: str, node_rank: int, attempt: int) -> str:
     """A pod of one attempt. At most 50 (job) + 2 + attempt digits + 1 + 4 (ranks < 4096)
     characters: far below the 253 a pod name may have; the hostname below is the DNS label."""
     return f"{job}-a{attempt}-{node_rank}"
+
+
+def spare_pod_name(job: str, spare: int, attempt: int) -> str:
+    """A spare pod, created in `attempt` (a spare consumed by a swap is made again in a later
+    attempt, under a new name). At most 50 + 2 + attempt digits + 2 + 2 characters."""
+    return f"{job}-a{attempt}-s{spare}"
+
+
+def spare_hostname(job: str, spare: int) -> str:
+    return f"{job}-s{spare}"
 
 
 def hostname(job: str, node_rank: int) -> str:

@@ -29,6 +29,7 @@ from megatron_operator.core.names import (
     LABEL_JOB_UID,
     LABEL_NODE_RANK,
     LABEL_RESTART_ATTEMPT,
+    LABEL_SPARE,
 )
 
 
@@ -171,6 +172,8 @@ class PodView:
     scheduled_at: datetime | None = None  # when the scheduler bound it (PodScheduled True)
     unschedulable_since: datetime | None = None  # PodScheduled False, Unschedulable, since
     strategy: str | None = None  # how its launcher handles a failed rank (None: an older pod)
+    spare: int | None = None  # a spare pod's number (its node_rank is then nodes + spare)
+    ip: str | None = None  # status.podIP
 
     @property
     def active(self) -> bool:
@@ -357,7 +360,17 @@ def pod_view(raw: dict[str, Any]) -> PodView:
         if _unschedulable(status)
         else None,
         strategy=_text((meta.get("annotations") or {}).get(ANNOTATION_RESTART_STRATEGY)),
+        spare=_int(labels.get(LABEL_SPARE), 0, 4095),
+        ip=_ip(status.get("podIP")),
     )
+
+
+def _ip(value: object) -> str | None:
+    """A pod IP as the kubelet reports it (v4 or v6 text), or None. Rendered into other pods'
+    env, so only what an address can hold."""
+    if not isinstance(value, str) or not 2 <= len(value) <= 45:
+        return None
+    return value if all(c in "0123456789abcdefABCDEF.:" for c in value) else None
 
 
 _VIEWED_META = ("name", "namespace", "labels", "uid", "deletionTimestamp", "ownerReferences")

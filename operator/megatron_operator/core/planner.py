@@ -242,6 +242,19 @@ def _spec_rules(spec: MegatronJobSpec, dp: int | None) -> Iterator[FieldError]:
             f"{int(s.parallelism.data) * mp} GPUs, but resources.nodes × resources.procsPerNode = "
             f"{world}: set data to {dp} or 'auto'",
         )
+    if s.resources.spare_nodes and s.restart_policy.strategy != "InPlace":
+        yield _e(
+            "resources.spareNodes",
+            f"{s.resources.spare_nodes} spare node(s) need restartPolicy.strategy InPlace: a "
+            "lost node's rank moves onto a spare as an in-place restart; set the strategy to "
+            "InPlace, or spareNodes to 0",
+        )
+    elif s.resources.spare_nodes and s.trainer is not None:
+        yield _e(
+            "resources.spareNodes",
+            "spare nodes are for the built-in trainer: a trainer.command restarts in place, "
+            "but its move onto a spare is not tested yet; set spareNodes to 0",
+        )
     if s.topology.mode != "none" and not s.topology.key:
         yield _e(
             "topology.key",
@@ -256,12 +269,15 @@ def _spec_rules(spec: MegatronJobSpec, dp: int | None) -> Iterator[FieldError]:
     if (
         vol is not None
         and vol.create is not None
-        and s.resources.nodes > 1
+        and s.resources.nodes + s.resources.spare_nodes > 1
         and ("ReadWriteMany" not in vol.create.access_modes)
     ):
+        pods = s.resources.nodes + s.resources.spare_nodes
+        spare = f" ({s.resources.spare_nodes} of them spares)" if s.resources.spare_nodes else ""
         yield _e(
             "checkpoint.volume.create.accessModes",
-            f"{s.resources.nodes} nodes write checkpoints to one volume: include ReadWriteMany",
+            f"{pods} nodes{spare} mount the checkpoint volume and write checkpoints to it: "
+            "include ReadWriteMany",
         )
     if c.url is not None and c.msc is None:
         yield _e(

@@ -35,7 +35,7 @@ from megatron_contract.ladder import Report
 from megatron_operator.api import FieldError, MegatronJob, MegatronJobSpec, SpecError, load_job
 from megatron_operator.api.status import ConditionType, EventType, Phase, Reason, Rung
 from megatron_operator.api.transitions import check_update
-from megatron_operator.core import accounting, churn, ladder, tiers
+from megatron_operator.core import accounting, churn, ladder, spares, tiers
 from megatron_operator.core import defaults as job_defaults
 from megatron_operator.core.conditions import reason_of, set_condition, since
 from megatron_operator.core.failures import (
@@ -210,6 +210,8 @@ class _Machine:
         # no resync either (only its deadlines, e.g. the TTL). The shell ends the job's loop.
         self.quiet = False
         self.current: list[PodView] = []  # the gang's pods, once `active` sorted them
+        self.spares: list[PodView] = []  # its idle spare pods (resources.spareNodes)
+        self.spare_nodes = 0  # resources.spareNodes, once the job is valid
         self.platform = job_defaults.Platform()  # what only the defaults say (render.py)
 
     # --- helpers
@@ -528,10 +530,27 @@ class _Machine:
         # Set before any child exists: the delete handler skips jobs that never started.
         if self.st.start_time is None:
             self.st.start_time = format_time(self.now)
-        # The gang's pods (kept across in-place restarts), and the stale ones of older gangs.
-        current, stale = ladder.partition(self.pods, self.st.gang, n, p.nodes)
-        self.current = current
+        # The gang's pods (kept across in-place restarts), its spares, and the stale ones of
+        # older gangs. A pod whose node rank moved onto a spare is deleted, never waited for.
+        self.spare_nodes = job.spec.resources.spare_nodes
+        if self.spare_nodes:
+            # The Node's Ready condition, as a second signal beside the launchers' heartbeat:
+            # with a spare to move onto, a pod on a NotReady node is lost at once (the node
+            # controller has already waited out its own grace period), since its launcher
+            # fences itself, or is told to leave, before its rank runs anywhere else.
+            self.nodes = replace(
+                self.nodes,
+                lost_grace_seconds=min(self.nodes.lost_grace_seconds, spares.NOT_READY_SECONDS),
+            )
+        gang = spares.sort_gang(
+            self.pods, self.st.gang, n, p.nodes, self.spare_nodes, self.st.swapped()
+        )
+        current, stale = gang.current, gang.stale
+        self.current, self.spares = current, gang.spares
         self.delete(stale)
+        self.delete(gang.displaced)
+        self.follow_coordinator()
+        self.tend_spares()
         self.copy_progress(job)
 
         if self.st.phase == Phase.RESTARTING and not self.restart_wait_over(job, current, stale):
@@ -546,6 +565,90 @@ class _Machine:
             self.fail_or_restart(job, failures, current)
             return
         self.advance(p, n, current)
+        self.replenish(job, p, n)
+
+    # --- spare nodes (core/spares.py)
+    def follow_coordinator(self) -> None:
+        """Record the coordinator that moved off node rank 0's pod (its report, with a majority
+        of the launchers behind it, says so): later pods are told where it is."""
+        if not self.spare_nodes:
+            return
+        report = self.w.lease.report if self.w.lease is not None else None
+        pod = spares.coordinator_pod(report, self.st.coordinator)
+        if report is None or pod is None or pod != report.coordinator:
+            return
+        record = {"pod": pod, "term": report.term}
+        if self.st.coordinator != record:
+            self.st.coordinator = record
+            self.event(
+                EventType.NORMAL,
+                Reason.COORDINATOR_MOVED,
+                f"the launchers' coordinator moved to pod {pod} (term {report.term})",
+            )
+
+    def coordinator_address(self) -> str | None:
+        """Where the coordinator listens once it moved: its pod's IP (new pods dial it)."""
+        pod = (self.st.coordinator or {}).get("pod")
+        found = next((x for x in self.pods if x.name == pod), None) if pod else None
+        return found.ip if found is not None else None
+
+    def tend_spares(self) -> None:
+        """A spare that failed, was evicted or sits on a lost node is deleted (made again by
+        `replenish`): it held no rank, so nothing restarts."""
+        if not self.spare_nodes:
+            return
+        broken = []
+        for x in self.spares:
+            failure, look_again = classify(x, self.nodes, self.now)
+            if look_again is not None:
+                self.deadlines.append(look_again)
+            if failure is not None or x.succeeded:
+                broken.append(x)
+                if not x.deleting:
+                    self.event(
+                        EventType.WARNING,
+                        Reason.SPARE_LOST,
+                        f"spare pod {x.name} is lost ({failure.message if failure else 'it exited'}): "
+                        "it will be made again",
+                    )
+        # Still listed until gone: its number is made again only then (the same name).
+        self.delete(broken)
+        self.st.ready_spares = len(self.ready_spares())
+
+    def ready_spares(self) -> list[PodView]:
+        return spares.ready(self.spares, self.report())
+
+    def replenish(self, job: MegatronJob, p: Plan, n: int) -> None:
+        """Make the missing spares once the attempt trains (or has run a while): in the
+        background, never on the way from a lost node to the next attempt."""
+        if not self.spare_nodes or self.out.pods is not None or self.st.phase != Phase.RUNNING:
+            return
+        if self.st.launched_attempt != n or self.w.conflict is not None:
+            return
+        since = parse_time(self.st.running_since)
+        settled = since is not None and self.now >= since + timedelta(
+            seconds=spares.REPLENISH_AFTER_SECONDS
+        )
+        if not (self.stepped() or settled):
+            if since is not None:
+                self.deadlines.append(since + timedelta(seconds=spares.REPLENISH_AFTER_SECONDS))
+            return
+        gang = spares.Gang(current=self.current, spares=self.spares)
+        numbers = spares.missing(gang, self.spare_nodes)
+        if not numbers:
+            return
+        made: Pods | None = Pods(
+            job,
+            p,
+            [p.nodes + i for i in numbers],
+            n,
+            platform=self.platform,
+            coordinator=self.coordinator_address(),
+        )
+        if self.queue is not None and made is not None:
+            made = self.queue.admitted_pods(made)
+        if made:
+            self.out.pods = made
 
     def resume_held(self) -> bool:
         """A resumed job waits until status.restartAt (core/churn.py) before its new gang."""
@@ -566,7 +669,7 @@ class _Machine:
         launchers then start its ranks, and missing pods are created)."""
         lost = self.lost_pods(current)
         if lost:
-            self.absorb(lost, current)
+            self.absorb(job, lost, current)
             return False
         if any(not self.kept(x) for x in stale):
             return False  # step 2: wait until every pod of the failed gang is gone (but the kept)
@@ -606,7 +709,7 @@ class _Machine:
                 lost.append(failure)
         return lost
 
-    def absorb(self, lost: list[Failure], current: list[PodView]) -> None:
+    def absorb(self, job: MegatronJob, lost: list[Failure], current: list[PodView]) -> None:
         """A pod lost while a restart waits for its release belongs to that restart (the kubelet
         often reports a dead container after its launcher's connection already dropped): it is
         replaced, or every pod is recreated if it hosts the rendezvous. Nothing more is
@@ -615,7 +718,13 @@ class _Machine:
         record = self.st.last_failure if self.st.last_failure is not None else {}
         names = ", ".join(f.pod or "?" for f in lost[:5])
         doomed = {f.pod for f in lost}
-        if any(f.node_rank == MASTER_NODE_RANK for f in lost):
+        taken = set(self.st.swapped().values())
+        free = [x for x in self.ready_spares() if x.name not in taken]
+        if self.spare_nodes and record.get("rung") != Rung.RECREATE:
+            swaps = spares.assign([f.node_rank for f in lost if f.node_rank is not None], free)
+        else:
+            swaps = {}
+        if any(f.node_rank == MASTER_NODE_RANK and MASTER_NODE_RANK not in swaps for f in lost):
             if record.get("rung") != Rung.RECREATE:
                 why = (
                     f"pod {names} was lost during the restart, and node rank 0 hosts the rendezvous"
@@ -623,15 +732,26 @@ class _Machine:
                 record.update(rung=str(Rung.RECREATE), rungReason=why)
                 self.st.gang_attempt = None  # a new gang: every kept pod is stale
                 self.st.failed_nodes = None
+                self.st.swaps = None  # every rank on the pod created for it again
+                self.st.coordinator = None  # node rank 0's launcher again
                 self.event(EventType.WARNING, Reason.RESTARTING, f"recreating every pod ({why})")
             self.st.last_failure = record or None
             self.delete(current)
             return
+        swapped = all(f.node_rank in swaps for f in lost)
+        rung = Rung.SPARE_SWAP if swapped else Rung.REPLACE_POD
+        if record.get("rung") == Rung.SPARE_SWAP and not swapped:
+            record.update(rung=str(Rung.REPLACE_POD))
+            self.event(
+                EventType.WARNING,
+                Reason.RESTARTING,
+                f"pod {names} was lost during the restart and no spare is ready: replacing it",
+            )
         if record.get("rung") == Rung.IN_PLACE:
             cause = first_failure(lost)
             assert cause is not None
             before = record.get("node")
-            record.update(rung=str(Rung.REPLACE_POD), reason=cause.reason, message=cause.message)
+            record.update(rung=str(rung), reason=cause.reason, message=cause.message)
             record.pop("exitCode", None)
             for key, value in (("pod", cause.pod), ("node", cause.node)):
                 record.pop(key, None)
@@ -643,12 +763,14 @@ class _Machine:
             if before and nodes and nodes[-1] == before:  # this restart's entry, now wrong
                 self.st.failed_nodes = nodes[:-1] or None
             ladder.remember_node(cause, self.st)
+            what = "its node rank moves onto a spare" if swapped else "replacing it"
             self.event(
                 EventType.WARNING,
                 Reason.RESTARTING,
-                f"pod {names} was lost during the in-place restart: replacing it",
+                f"pod {names} was lost during the in-place restart: {what}",
             )
         self.st.last_failure = record or None
+        self.move_ranks(job, swaps, lost)
         self.delete([x for x in current if x.name in doomed])
 
     def create_missing(
@@ -669,9 +791,16 @@ class _Machine:
         if any(x.active for x in stale):
             # An older attempt's live pod holds the same hostname (MASTER_ADDR) until it stops.
             return
+        if len(missing) == p.nodes:
+            # A whole gang: its spares with it (the Workload's quota has them, and Kueue's
+            # topology assignment places them in the gang's domain).
+            gang = spares.Gang(current=current, spares=self.spares)
+            missing += [p.nodes + i for i in spares.missing(gang, self.spare_nodes)]
         # Only the pods to create are rendered, each when its create call reads it: a huge job
         # never sits in memory whole.
-        created: Pods | None = Pods(job, p, missing, n, platform=self.platform)
+        created: Pods | None = Pods(
+            job, p, missing, n, platform=self.platform, coordinator=self.coordinator_address()
+        )
         if self.queue is not None and created is not None:
             created = self.queue.admitted_pods(created)
         if created:
@@ -722,8 +851,11 @@ class _Machine:
         return found
 
     def report(self) -> Report | None:
+        """The launchers' report, unless it comes from a coordinator that lost its place to a
+        newer one (a cut-off launcher of node rank 0 that is back)."""
         lease = self.w.lease
-        return lease.report if lease is not None else None
+        report = lease.report if lease is not None else None
+        return report if spares.trusted(report, self.st.coordinator) else None
 
     def reported(
         self, n: int, nproc: int, current: list[PodView], known: set[str | None]
@@ -847,7 +979,15 @@ class _Machine:
             self.delete(self.pods)
             return
         # The rules say restart; the ladder says how (the lowest rung that can).
-        choice = ladder.choose(policy.strategy, failures, cause, self.st, self.stepped(), current)
+        choice = ladder.choose(
+            policy.strategy,
+            failures,
+            cause,
+            self.st,
+            self.stepped(),
+            current,
+            self.ready_spares() if self.spare_nodes else None,
+        )
         record["rung"] = str(choice.rung)
         if choice.why:
             record["rungReason"] = choice.why
@@ -871,23 +1011,26 @@ class _Machine:
             self.st.next_in_place()
             ladder.remember_node(cause, self.st)
             doomed = lost  # the pods that are gone anyway; the others keep running
+            self.move_ranks(job, choice.swaps, [f for f in failures if f.pod_lost])
         self.st.phase = Phase.RESTARTING
         self.st.restart_at = None
         self.out.restart_reason = cause.reason
         self.out.restart_rung = choice.rung
+        replaced = [x.name for x in lost if x.node_rank not in choice.swaps]
         what = ladder.describe(
-            choice.rung, self.st.restart_attempt, [x.name for x in lost], choice.why
+            choice.rung, self.st.restart_attempt, replaced, choice.why, choice.swaps
         )
         message = f"{decision.message}: {what}"
         self.cond(C.RUNNING, False, Reason.RESTARTING, message)
         self.cond(C.RESTARTING, True, cause.reason, message)
         self.event(EventType.WARNING, Reason.RESTARTING, message)
         self.delete(doomed)
-        if choice.rung != Rung.IN_PLACE and not (self.out.delete_pods or self.out.force_delete):
+        in_place = choice.rung in (Rung.IN_PLACE, Rung.SPARE_SWAP)
+        if not in_place and not (self.out.delete_pods or self.out.force_delete):
             # Nothing goes (a one-pod gang whose failed pod is kept, or every lost pod already
             # gone): no pod event will wake the job, so the backoff starts at the next pass, now.
             self.deadlines.append(self.now)
-        if choice.rung == Rung.IN_PLACE:
+        if in_place:
             # Nothing to wait for before the backoff (no pod goes): it starts now, and the
             # release is due when it ends (no pod event would wake the job before that).
             # The job's backoff, and the operator's floor over every attempt (core/churn.py).
@@ -898,6 +1041,23 @@ class _Machine:
             start = self.now + timedelta(seconds=delay)
             self.st.restart_at = format_time(start)
             self.deadlines.append(start)
+
+    def move_ranks(self, job: MegatronJob, swaps: dict[int, str], lost: list[Failure]) -> None:
+        """Record where each lost node rank goes in the next attempt (status.swaps): onto the
+        spare `swaps` names, or (ReplacePod) onto the pod made for it in this attempt, when its
+        lost holder was a pod named in swaps already."""
+        if not swaps and not self.st.swaps:
+            return
+        moved = self.st.swapped()
+        for f in lost:
+            r = f.node_rank
+            if r is None:
+                continue
+            if r in swaps:
+                moved[r] = swaps[r]
+            elif r in moved:
+                moved[r] = pod_name(job.name, r, self.st.restart_attempt)
+        self.st.swaps = {str(r): moved[r] for r in sorted(moved)} or None
 
     def uncounted_last_hour(self) -> list[str]:
         """The uncounted restarts of the last hour (the restart-loop cap, core/policy.py)."""

@@ -39,6 +39,7 @@ from megatron_operator.core.names import (
     LABEL_MANAGED_BY,
     LABEL_NODE_RANK,
     LABEL_RESTART_ATTEMPT,
+    LABEL_SPARE,
     MANAGED_BY,
     MASTER_NODE_RANK,
     SPEC_KEY,
@@ -51,6 +52,8 @@ from megatron_operator.core.names import (
     progress_lease_name,
     pvc_name,
     service_name,
+    spare_hostname,
+    spare_pod_name,
     trainer_account_name,
 )
 from megatron_operator.core.overlay import overlay, prepared
@@ -259,7 +262,11 @@ def trainer_rbac(job: MegatronJob, platform: Platform = _PLATFORM) -> list[Obj]:
     ]
 
 
-def _env(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> list[Obj]:
+def _env(
+    job: MegatronJob, plan: Plan, node_rank: int, attempt: int, coordinator: str | None = None
+) -> list[Obj]:
+    """`node_rank` is the pod's index: a spare's is plan.nodes + its number."""
+
     def field(path: str) -> Obj:
         return {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}
 
@@ -280,6 +287,13 @@ def _env(job: MegatronJob, plan: Plan, node_rank: int, attempt: int) -> list[Obj
         e.COORDINATOR_PORT: str(DEFAULT_COORDINATOR_PORT),
         e.COORDINATOR_KEY_FILE: paths.COORDINATOR_KEY_PATH,
     }
+    spares = job.spec.resources.spare_nodes
+    if spares:
+        plain[e.SPARE_NODES] = str(spares)
+        if node_rank >= plan.nodes:
+            plain[e.SPARE_INDEX] = str(node_rank - plan.nodes)
+        if coordinator:
+            plain[e.COORDINATOR_ADDR] = coordinator
     env: list[Obj] = [{"name": k, "value": v} for k, v in plain.items()]
     env += [
         {"name": e.POD_NAME, "valueFrom": field("metadata.name")},
@@ -539,11 +553,17 @@ def pod(
     attempt: int,
     platform: Platform = _PLATFORM,
     template: Obj | None = None,
+    coordinator: str | None = None,
 ) -> Obj:
     """One node's pod, with spec.template laid over it (core/overlay.py; `template` is
     `overlay.prepared(job.spec.template)` when the caller holds it). The template's parts are
-    shared with the job's other pods: read-only."""
+    shared with the job's other pods: read-only.
+
+    `node_rank` is the pod's index: from plan.nodes on, the job's spare pods (`<job>-a<attempt>-
+    s<n>`, resources.spareNodes), alike but for their name, hostname, labels and NODE_RANK.
+    `coordinator`: the coordinator's address when it moved off node rank 0's pod (with spares)."""
     s = job.spec
+    spare = node_rank - plan.nodes if node_rank >= plan.nodes else None
     volumes, mounts = _volumes(job, plan)
     caps: Obj = {"drop": ["ALL"]}
     if _needs_ipc_lock(job):
@@ -563,7 +583,7 @@ def pod(
         # The trainer writes why it stopped to the termination log; a crash that writes nothing
         # leaves the log's tail there instead, so status.lastFailure always says something.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "env": _env(job, plan, node_rank, attempt),
+        "env": _env(job, plan, node_rank, attempt, coordinator),
         "ports": [
             {"name": "rendezvous", "containerPort": DEFAULT_MASTER_PORT},
             {"name": "coordinator", "containerPort": DEFAULT_COORDINATOR_PORT},
@@ -579,7 +599,9 @@ def pod(
     spec: Obj = {
         "restartPolicy": "Never",
         # Stable across attempts: <hostname>.<subdomain> is the DNS name behind MASTER_ADDR.
-        "hostname": hostname(job.name, node_rank),
+        "hostname": hostname(job.name, node_rank)
+        if spare is None
+        else spare_hostname(job.name, spare),
         "subdomain": service_name(job.name),
         "serviceAccountName": trainer_account_name(job.name),
         # Time for the trainer to save a checkpoint after SIGTERM.
@@ -602,7 +624,9 @@ def pod(
         LABEL_RESTART_ATTEMPT: str(attempt),
         LABEL_NODE_RANK: str(node_rank),
     }
-    meta = _meta(job, pod_name(job.name, node_rank, attempt), labels)
+    if spare is not None:
+        labels[LABEL_SPARE] = str(spare)
+    meta = _meta(job, slot_name(job.name, plan, node_rank, attempt), labels)
     meta["annotations"] = {
         ANNOTATION_LAYOUT: plan.layout_string(),
         ANNOTATION_RESTART_STRATEGY: restart_strategy(job),
@@ -611,15 +635,28 @@ def pod(
     return overlay(rendered, s.template, template)
 
 
+def slot_name(job: str, plan: Plan, node_rank: int, attempt: int) -> str:
+    """The name of the pod of index `node_rank` (a spare's from plan.nodes on)."""
+    if node_rank >= plan.nodes:
+        return spare_pod_name(job, node_rank - plan.nodes, attempt)
+    return pod_name(job, node_rank, attempt)
+
+
+def gang_slots(job: MegatronJob, plan: Plan) -> range:
+    """The pod indexes of a whole gang: its node ranks, then its spares."""
+    return range(plan.nodes + job.spec.resources.spare_nodes)
+
+
 def pods(job: MegatronJob, plan: Plan, attempt: int, platform: Platform = _PLATFORM) -> list[Obj]:
-    return list(Pods(job, plan, range(plan.nodes), attempt, platform=platform))
+    return list(Pods(job, plan, gang_slots(job, plan), attempt, platform=platform))
 
 
 class Pods(Sequence[Obj]):
     """Pods of one attempt, rendered one at a time as they are read: the creates of a 1,024-pod
     gang read them batch by batch (cluster/kube.py), so the gang is never in memory whole, and
     every pod shares the one prepared template. Names need no rendering. `patch` is applied to
-    each pod as it is rendered (the Kueue admission)."""
+    each pod as it is rendered (the Kueue admission). `ranks` are pod indexes: the spares' from
+    plan.nodes on."""
 
     def __init__(
         self,
@@ -630,9 +667,11 @@ class Pods(Sequence[Obj]):
         patch: Callable[[Obj], Obj] | None = None,
         template: Obj | None = None,
         platform: Platform = _PLATFORM,
+        coordinator: str | None = None,
     ) -> None:
         self.job, self.plan, self.ranks, self.attempt, self.patch = job, plan, ranks, attempt, patch
         self.platform = platform
+        self.coordinator = coordinator
         if template is None and job.spec.template is not None:
             template = prepared(job.spec.template)
         self.template = template
@@ -650,7 +689,13 @@ class Pods(Sequence[Obj]):
         if isinstance(index, slice):
             return self._with(self.ranks[index])
         obj = pod(
-            self.job, self.plan, self.ranks[index], self.attempt, self.platform, self.template
+            self.job,
+            self.plan,
+            self.ranks[index],
+            self.attempt,
+            self.platform,
+            self.template,
+            self.coordinator,
         )
         return self.patch(obj) if self.patch is not None else obj
 
@@ -673,11 +718,12 @@ class Pods(Sequence[Obj]):
             patch or self.patch,
             self.template,
             self.platform,
+            self.coordinator,
         )
 
     @property
     def names(self) -> list[str]:
-        return [pod_name(self.job.name, r, self.attempt) for r in self.ranks]
+        return [slot_name(self.job.name, self.plan, r, self.attempt) for r in self.ranks]
 
     def without(self, names: Collection[str]) -> Pods:
         """These pods but those named."""
@@ -738,7 +784,7 @@ def render_iter(
     """`render`, one object at a time: `mjob render` of a 4,096-pod job writes each pod as it is
     rendered instead of holding them all (and their YAML) in memory."""
     yield from children(job, plan, isolate=isolate, platform=platform)
-    yield from Pods(job, plan, range(plan.nodes), attempt, platform=platform)
+    yield from Pods(job, plan, gang_slots(job, plan), attempt, platform=platform)
 
 
 def as_list(objs: list[Obj]) -> Obj:

@@ -37,7 +37,7 @@ from megatron_contract.paths import (
     LAUNCHER_ZIPAPP,
 )
 from megatron_operator.api import FieldError, MegatronJobSpec
-from megatron_operator.core.names import ANNOTATION_RESTART_STRATEGY
+from megatron_operator.core.names import ANNOTATION_RESTART_STRATEGY, LABEL_SPARE
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class LocalPod:
     argv: list[str]
     env: dict[str, str]
     strategy: str | None = None  # the pod's restart-strategy annotation
+    spare: int | None = None  # a spare pod's number (resources.spareNodes)
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,12 @@ def _env_value(item: dict[str, Any], pod: dict[str, Any]) -> str | None:
     return None
 
 
+def _spare(pod: dict[str, Any]) -> int | None:
+    """A spare pod's number (resources.spareNodes), else None."""
+    value = pod["metadata"]["labels"].get(LABEL_SPARE)
+    return int(value) if value is not None else None
+
+
 def local_pods(
     objs: list[dict[str, Any]], layout: Layout, python: str, port: int, coordinator_port: int
 ) -> list[LocalPod]:
@@ -248,6 +255,7 @@ def local_pods(
             LocalPod(
                 name=pod["metadata"]["name"],
                 node_rank=int(pod["metadata"]["labels"]["megatron.dev/node-rank"]),
+                spare=_spare(pod),
                 argv=argv,
                 env=env,
                 strategy=(pod["metadata"].get("annotations") or {}).get(

@@ -58,6 +58,7 @@ class Running:
     log: IO[bytes]
     code: int | None = None
     strategy: str | None = None
+    spare: int | None = None
 
     def view(self, uid: str | None) -> PodView:
         """The pod as the state machine sees pods: a phase and an exit code."""
@@ -82,6 +83,8 @@ class Running:
             status_reason=None,
             disruption=None,
             strategy=self.strategy,
+            spare=self.spare,
+            ip="127.0.0.1",
         )
 
 
@@ -313,7 +316,7 @@ class LocalRunner:
                 start_new_session=True,  # its own process group: Ctrl-C reaches us, not it
             )
             self.pods[pod.name] = Running(
-                pod.name, pod.node_rank, attempt, proc, log, strategy=pod.strategy
+                pod.name, pod.node_rank, attempt, proc, log, strategy=pod.strategy, spare=pod.spare
             )
 
     def _write_config(self, objs: list[dict[str, Any]]) -> None:

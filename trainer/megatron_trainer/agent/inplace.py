@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from .output import RankOutput
     from .ranks import Command, EnvFor, Wrap
 
-COORDINATOR_NODE_RANK = 0  # the pod behind MASTER_ADDR; losing it recreates the gang
+COORDINATOR_NODE_RANK = 0  # the pod behind MASTER_ADDR (with spares, the first coordinator)
 
 
 def say(text: str) -> None:
@@ -89,6 +90,25 @@ class _NoSink:
         pass
 
 
+def standby_listener(env: RuntimeEnv) -> socket.socket | None:
+    """With spare nodes, every launcher but the first coordinator binds the port where it would
+    coordinate were the coordinator lost (bound now, listening only then: a connection before
+    that is refused at once). In a pod the coordinator port on the pod's IP; locally a free
+    port on loopback (the pods share one address there)."""
+    bind = listen_address(env)
+    port = 0 if loopback(env.master_addr) else env.coordinator_port
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((bind, port))
+    except OSError as err:
+        sock.close()
+        say(f"cannot bind the standby coordinator port ({err}): this pod will not coordinate")
+        return None
+    return sock
+
+
 def run(
     env: RuntimeEnv,
     command: Command,
@@ -102,9 +122,14 @@ def run(
         raise ValueError("the InPlace launcher needs the job's coordinator key file")
     key = read_key(env.coordinator_key_file)
     become_subreaper()
-    address = (env.master_addr, env.coordinator_port)
-    coordinator: Coordinator | None = None
-    if env.node_rank == COORDINATOR_NODE_RANK:
+    fencing = env.spare_nodes > 0
+    address = (env.coordinator_addr or env.master_addr, env.coordinator_port)
+    coordinators: list[Coordinator] = []
+    pod = env.pod_name or f"node-{env.node_rank}"
+
+    def coordinate(
+        term: int, listener: socket.socket | None, predecessor: tuple[int, str] | None
+    ) -> tuple[str, int]:
         source, sink, where = decisions(env)
         bind = listen_address(env)
         coordinator = Coordinator(
@@ -117,13 +142,34 @@ def run(
             sink or _NoSink(),
             say,
             key=key,
+            spares=env.spare_nodes,
+            pod=pod,
+            term=term,
+            listener=listener,
+            predecessor=predecessor,
         )
         coordinator.start()
-        address = (bind or "127.0.0.1", coordinator.port)
+        coordinators.append(coordinator)
         say(
-            f"coordinating {env.nnodes} launcher(s) on port {coordinator.port}; decisions from "
-            f"{where}" + ("" if source else ": a failed rank will end its pod")
+            f"coordinating {env.nnodes} launcher(s)"
+            + (f" and {env.spare_nodes} spare(s), term {term}," if fencing else "")
+            + f" on port {coordinator.port}; decisions from {where}"
+            + ("" if source else ": a failed rank will end its pod")
         )
+        return (bind or "127.0.0.1", coordinator.port)
+
+    standby: socket.socket | None = None
+    if env.node_rank == COORDINATOR_NODE_RANK and env.spare is None:
+        address = coordinate(0, None, None)
+    elif fencing:
+        standby = standby_listener(env)
+    take_over = None
+    if standby is not None:
+        held = standby
+
+        def take_over(term: int, predecessor: tuple[int, str] | None) -> tuple[str, int]:
+            return coordinate(term, held, predecessor)
+
     ranks = RankProcesses(env.nproc_per_node, command, env_for, zygote, wrap, cold, output)
     # The zygote imports while this launcher connects and waits for the gang's first start.
     ranks.prepare(env.restart_attempt, env.master_port)
@@ -132,13 +178,18 @@ def run(
     os.set_blocking(wake_w, False)
     agent = Agent(
         node=env.node_rank,
-        pod=env.pod_name or f"node-{env.node_rank}",
+        pod=pod,
         nproc=env.nproc_per_node,
         address=address,
         ranks=ranks,
         key=key,
         wake_fd=wake_r,
         say=say,
+        fencing=fencing,
+        spare=env.spare,
+        ip=env.pod_ip,
+        standby=standby.getsockname()[1] if standby is not None else None,
+        take_over=take_over,
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -154,5 +205,7 @@ def run(
         signal.set_wakeup_fd(-1)
         ranks.close()
         ranks.kill()
-        if coordinator is not None:
+        for coordinator in coordinators:
             coordinator.stop()
+        if standby is not None and not coordinators:
+            standby.close()

@@ -97,6 +97,26 @@ class RankProcesses:
         # can be before its PID is known here: what `reap` found of unknown PIDs, kept for that.
         self.unclaimed: dict[int, int] = {}
         self.ended: list[tuple[int, int]] = []
+        # With spare nodes, the coordinator says per attempt which node rank this pod runs and
+        # where the rendezvous is (node rank 0's pod): they override the pod's own env.
+        self.node: int | None = None
+        self.master: str | None = None
+
+    def place(self, node: int | None, master: str | None) -> None:
+        """The node rank and rendezvous host of the next `start` (None: the pod's own env)."""
+        self.node, self.master = node, master
+
+    def _placed(self, local: int, env: dict[str, str]) -> dict[str, str]:
+        if self.node is not None:
+            env.update(
+                RANK=str(self.node * self.nproc + local),
+                GROUP_RANK=str(self.node),
+                NODE_RANK=str(self.node),
+            )
+            env.pop("MEGATRON_SPARE_INDEX", None)  # a rank, now: never a spare's
+        if self.master:
+            env["MASTER_ADDR"] = self.master
+        return env
 
     @property
     def running(self) -> bool:
@@ -107,11 +127,18 @@ class RankProcesses:
         if self.zygote_command is not None and self.zygote is None and len(self.cold) < self.nproc:
             self.zygote = Zygote(self.zygote_command, self.env_for(0, attempt, port))
 
+    def ready(self) -> bool:
+        """Whether `start` would not wait for the zygote's imports (it looks, never waits)."""
+        z = self.zygote
+        if z is None or len(self.cold) >= self.nproc:
+            return True
+        return z.poll_ready()
+
     def start(self, attempt: int, port: int) -> None:
         self.warm = 0
         self.prepare(attempt, port)
         for local in range(self.nproc):
-            env = dict(self.env_for(local, attempt, port))
+            env = self._placed(local, dict(self.env_for(local, attempt, port)))
             pid = None
             if local not in self.cold and self.zygote is not None and self.zygote.usable:
                 pid = self.zygote.fork(env)

@@ -19,31 +19,20 @@ import urllib.error
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from megatron_contract.ladder import (
-    REPORT_ANNOTATION,
-    STATUS_PHASE,
-    STATUS_RESTART_ATTEMPT,
-    Report,
-)
+from megatron_contract.ladder import REPORT_ANNOTATION, Decision, Report, parse_decision
 
 from .kubeapi import Api, job_list_path, lease_path
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # for annotations only (the launcher runs on Python 3.8 too)
-    Deliver = Callable[[int, str | None], None]  # (status.restartAttempt, status.phase)
+    Deliver = Callable[[Decision], None]  # status.restartAttempt, status.phase, status.swaps
 WATCH_SECONDS = 300
 
 
-def decision(status: object) -> tuple[int, str | None] | None:
-    """(restartAttempt, phase) of a job status, or None when it holds no attempt yet."""
-    if not isinstance(status, dict):
-        return None
-    attempt = status.get(STATUS_RESTART_ATTEMPT, 0)
-    phase = status.get(STATUS_PHASE)
-    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
-        return None
-    return attempt, phase if isinstance(phase, str) else None
+def decision(status: object) -> Decision | None:
+    """The decision in a job status, or None when it holds no attempt yet."""
+    return parse_decision(status)
 
 
 class Source(Protocol):
@@ -83,7 +72,7 @@ class JobWatch:
         if isinstance(obj, dict) and self.deliver is not None:
             d = decision(obj.get("status"))
             if d is not None:
-                self.deliver(*d)
+                self.deliver(d)
 
     def _run(self) -> None:
         failures = 0
@@ -156,7 +145,7 @@ class StatusFile:
                 continue
             d = decision(doc)
             if d is not None and self.deliver is not None:
-                self.deliver(*d)
+                self.deliver(d)
 
 
 class LeaseSink:

@@ -20,6 +20,17 @@ Coordinator → launcher:
     {"op": "stop", "attempt": 5}                 stop every rank of an older attempt
     {"op": "start", "attempt": 5, "port": 41234} start the ranks of attempt 5 (MASTER_PORT 41234)
 
+With spare nodes (liveness.py), the hello also says "spare": its number (a spare pod; its "node"
+is then NNODES + that number) or null, "ip": the pod's IP, "standby": the port where it would
+coordinate were the coordinator lost, and "term": the newest coordinator term it joined; the
+welcome says the coordinator's "term" and "pod" (under its MAC). Then:
+    {"op": "ping", "seq": 7}                                 launcher, every HEARTBEAT_SECONDS
+    {"op": "pong", "seq": 7, "ok": true}                     every ping; ok: the lease granted
+    {"op": "roster", "term": 1, "candidates": [[pod, host, port], ...]}   who coordinates next
+    {"op": "start", ..., "node": 1, "master": "10.0.0.7"}    the node rank it runs, and the
+                                                             rendezvous host (node rank 0's)
+    {"op": "stop", "attempt": 5, "leave": true}              its rank moved on: stop, and exit
+
 A connection that sends anything else, or a line over MAX_LINE bytes, is closed: the port is as
 reachable as the rendezvous store's, so what arrives is checked, never trusted. The key proves
 membership; it does not encrypt: a peer that can read and write the pod network's packets in
@@ -76,15 +87,26 @@ def mac(key: bytes, *parts: object) -> str:
     return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
+HELLO_FIELDS = ("node", "pod", "epoch")
+SPARE_HELLO_FIELDS = ("spare", "ip", "standby", "term")  # with spare nodes
+
+
 def hello_mac(key: bytes, challenge: str, message: Message) -> str:
     """The launcher's proof: both nonces and what its hello claims."""
-    fields = [message.get(k) for k in ("node", "pod", "epoch")]
+    fields = [message.get(k) for k in HELLO_FIELDS]
+    if any(k in message for k in SPARE_HELLO_FIELDS):
+        fields += [message.get(k) for k in SPARE_HELLO_FIELDS]
     return mac(key, "hello", challenge, message.get("nonce"), *fields)
 
 
-def welcome_mac(key: bytes, challenge: str, launcher_nonce: str) -> str:
-    """The coordinator's proof: the same nonces, another label (never equal to a hello's)."""
-    return mac(key, "welcome", launcher_nonce, challenge)
+def welcome_mac(
+    key: bytes, challenge: str, launcher_nonce: str, term: int | None = None, pod: object = None
+) -> str:
+    """The coordinator's proof: the same nonces, another label (never equal to a hello's); with
+    spare nodes, its term and pod too."""
+    if term is None:
+        return mac(key, "welcome", launcher_nonce, challenge)
+    return mac(key, "welcome", launcher_nonce, challenge, term, pod)
 
 
 def same(a: object, b: str) -> bool:

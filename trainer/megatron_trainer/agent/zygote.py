@@ -65,6 +65,7 @@ class Zygote:
             os.close(req_r)
             os.close(rep_w)
         self.buffer = b""
+        self.born = time.monotonic()
         self.state = "starting"  # → ready | unsafe | gone
         self.reason = ""
 
@@ -91,6 +92,17 @@ class Zygote:
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         return line.decode(errors="replace").strip()
+
+    def poll_ready(self) -> bool:
+        """Whether `wait_ready` would answer at once: the imports are over (or failed), or the
+        zygote is gone. Never waits; past READY_TIMEOUT_SECONDS it is True (the wait then
+        gives up as it always did)."""
+        if self.state != "starting" or b"\n" in self.buffer or self.rep < 0:
+            return True
+        if time.monotonic() - self.born > READY_TIMEOUT_SECONDS:
+            return True
+        ready, _, _ = select.select([self.rep], [], [], 0)
+        return bool(ready)
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_SECONDS) -> bool:
         if self.state == "starting":

@@ -1,0 +1,139 @@
+"""A lost node onto a warm spare, on real kubelets: 2 active nodes and 1 spare (the session's 3
+real nodes), the tiny PP=2 CPU job of test_e2e.py with `resources.spareNodes: 1` and the
+InPlace strategy. The cluster's `kill-node` (kubelet, runtime, shims and containers gone) takes
+the node of node rank 1, then, on a fresh job, of node rank 0 (the coordinator's and the
+rendezvous host's pod): each time the spare takes the rank with no pod created or scheduled on
+the way, the next attempt's first completed step comes within 30 s of the kill, the job
+Succeeds, and its losses equal `mjob run --local` of the same spec step by step.
+
+The operator runs on real-node-0 (conftest.py), which must survive: the job is created with that
+node cordoned, so the two node ranks land on the other two real nodes and the spare, made beside
+them, waits for the uncordon and lands on real-node-0. The killed node is restarted at the end.
+Each scenario takes about 2-3 min (the job's start and 30 steps, the restart, the node's
+restart); the local reference is test_e2e.py's, computed once per session."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .real_nodes_support import RealCluster
+from .test_e2e import (
+    OPERATOR_NODE,
+    Rank0Logs,
+    assert_same_curve,
+    job_doc,
+    job_status,
+    local_losses,
+    new_ns,
+    pods_of,
+    spec,
+    wait_phase,
+)
+
+pytestmark = pytest.mark.slow
+
+FIRST_STEP_SECONDS = 30.0
+
+
+def _start_with_the_spare_on_the_operators_node(
+    c: RealCluster, ns: str, name: str, s: dict[str, Any]
+) -> dict[str, str]:
+    """Node rank → the node it runs on, once the job runs with its spare ready."""
+    c.kubectl("cordon", OPERATOR_NODE)
+    try:
+        c.apply(job_doc(name, s), ns)
+
+        def placed() -> dict[str, str] | None:
+            pods = {p["metadata"]["name"]: p for p in pods_of(c, ns, name, 0)}
+            nodes = {n: (pods[n].get("spec") or {}).get("nodeName") for n in pods}
+            ranks = {f"{name}-a0-0", f"{name}-a0-1"}
+            return {n: str(nodes[n]) for n in ranks} if all(nodes.get(n) for n in ranks) else None
+
+        where = c.wait(placed, 300, 1.0, "the node ranks scheduled off the operator's node")
+    finally:
+        c.kubectl("uncordon", OPERATOR_NODE)
+    c.wait(
+        lambda: job_status(c, ns, name).get("readySpares") == 1,
+        300,
+        1.0,
+        "the spare Running and its launcher connected",
+    )
+    spare = next(p for p in pods_of(c, ns, name, 0) if p["metadata"]["name"] == f"{name}-a0-s0")
+    assert spare["spec"]["nodeName"] == OPERATOR_NODE, spare["spec"]
+    return {n.rsplit("-", 1)[-1]: node for n, node in where.items()}
+
+
+def _first_step_after(logs: Rank0Logs, attempt: int) -> dict[str, Any] | None:
+    with logs.lock:
+        found = [r for r in logs.records if r.get("attempt") == attempt]
+    return min(found, key=lambda r: r["iteration"]) if found else None
+
+
+def _lose_node_rank(c: RealCluster, tmp_path: Path, rank: int) -> None:
+    name = f"spare{rank}"
+    ns = new_ns(c, name)
+    s = spec(c.image("trainer"))
+    s["resources"]["spareNodes"] = 1
+    s["restartPolicy"]["strategy"] = "InPlace"
+    logs = Rank0Logs(c, ns, name, every_pod=True)
+    killed = ""
+    try:
+        where = _start_with_the_spare_on_the_operators_node(c, ns, name, s)
+        c.wait(lambda: logs.iteration() >= 8, 300, 0.5, "step 8")
+        victim = where[str(rank)]
+        assert victim != OPERATOR_NODE
+        before = {p["metadata"]["uid"] for p in pods_of(c, ns, name)}
+        killed = victim
+        t0 = time.time()
+        out = c.kill_node(victim, timeout=120)
+        assert f"kubelet-{victim}" in out, out
+        step = c.wait(lambda: _first_step_after(logs, 1), 300, 0.5, "a step of attempt 1")
+        at = datetime.fromisoformat(step["time"].replace("Z", "+00:00")).timestamp()
+        took = at - t0
+        status = job_status(c, ns, name)
+        assert status["lastFailure"]["rung"] == "SpareSwap", status["lastFailure"]
+        assert status["swaps"] == {str(rank): f"{name}-a0-s0"}, status.get("swaps")
+        # No pod was made on the way (a new spare is made once attempt 1 trains, after it).
+        made = [
+            p["metadata"]["name"]
+            for p in pods_of(c, ns, name)
+            if p["metadata"]["uid"] not in before
+            and datetime.fromisoformat(
+                p["metadata"]["creationTimestamp"].replace("Z", "+00:00")
+            ).timestamp()
+            < at - 1
+        ]
+        assert made == [], made
+        assert took <= FIRST_STEP_SECONDS + 1, (took, step)  # the record's time: whole seconds
+        if rank == 0:
+            assert status["coordinator"]["pod"] == f"{name}-a0-1", status.get("coordinator")
+        done = wait_phase(c, ns, name, {"Succeeded", "Failed"}, 900)
+        assert done["phase"] == "Succeeded", done
+        assert done["restarts"] == 1, done
+    finally:
+        logs.close()
+        if killed:
+            c.restart_node(killed)
+    worst = assert_same_curve(logs.losses, local_losses(tmp_path, name, s), 30)
+    print(
+        f"node rank {rank}'s node {victim} killed: attempt 1's first step (iteration "
+        f"{step['iteration']}) {took:.0f} s after; worst relative difference to local {worst:.1e}"
+    )
+    c.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_node_rank_1s_node_lost_moves_its_rank_onto_the_spare(
+    real_operator: RealCluster, tmp_path: Path
+) -> None:
+    _lose_node_rank(real_operator, tmp_path, 1)
+
+
+def test_node_rank_0s_node_lost_moves_the_coordinator_and_its_rank(
+    real_operator: RealCluster, tmp_path: Path
+) -> None:
+    _lose_node_rank(real_operator, tmp_path, 0)
