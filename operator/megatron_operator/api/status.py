@@ -280,7 +280,7 @@ class Ledger(ApiModel):
     )
     summary: str = Field(description="For printing, e.g. '91.2%'.")
     restarts: list[RungCost] | None = Field(
-        None, max_length=3, description="The measured cost of each rung's restarts."
+        None, max_length=len(Rung), description="The measured cost of each rung's restarts."
     )
     fold: LedgerFold = Field(description="The fold's position (for the operator).")
 
