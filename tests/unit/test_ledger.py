@@ -326,3 +326,20 @@ def test_a_late_record_of_the_failed_attempt_moves_its_steps_back_to_productive(
     # Without the late record, 10 → 15 was all in flight and 11-14 of attempt 1 looked new.
     blind = secs(fold(Ledger.start(T0), [*events, *rest[:-1]]))
     assert blind["recomputed"] == 5.0 and blind["productive"] == 10.0 + 2.0 + 4.0 - 0.0
+
+
+def test_an_unusable_in_flight_interval_is_dropped_not_the_ledger() -> None:
+    """The status is the tenant's to write too: a bad `fold.inFlight` (an interval past what was
+    attributed, a wrong type) reads as none, so a late record is ignored as before."""
+    events: list[Event] = [Launched(t(0), 0), Tick(t(16)), Placed(t(0), 0)]
+    events += [
+        Record(t(10), 0, 10, began=t(0), loop=t(0), start=0),
+        Failed(t(16), t(15), Rung.RECREATE),
+    ]
+    raw = fold(Ledger.start(T0), events).to_status()
+    assert raw["fold"]["inFlight"] == {
+        "attempt": 0, "start": 10.0, "end": 15.0, "iteration": 10, "saveSeen": 0.0
+    }  # fmt: skip
+    for bad in ({**raw["fold"]["inFlight"], "end": 99.0}, {"attempt": "x"}, "late"):
+        ledger = Ledger.read({**raw, "fold": {**raw["fold"], "inFlight": bad}})
+        assert ledger is not None and ledger.in_flight is None

@@ -113,8 +113,12 @@ def test_the_hourly_cap_uses_up_max_restarts() -> None:
 
 
 def test_first_failure_blames_the_cause() -> None:
-    survivors = [Failure("Error", 143, pod="j-1"), Failure("Error", 137, pod="j-2")]
-    crash = Failure("Error", 1, pod="j-3")
+    # Ranks the launchers reported: the first heard, not the ones it stopped (143, 137).
+    survivors = [
+        Failure("Error", 143, pod="j-1", order=1),
+        Failure("Error", 137, pod="j-2", order=2),
+    ]
+    crash = Failure("Error", 1, pod="j-3", order=0)
     assert first_failure([*survivors, crash]) == crash
     config = Failure("Error", 78, pod="j-4")
     assert first_failure([crash, config, *survivors]) == config
@@ -134,3 +138,17 @@ def test_of_the_reported_ranks_the_first_to_exit_is_the_cause() -> None:
     assert first_failure([a, b]) == b
     ended = Failure("Error", 1, pod="j-2", finished=50.0)
     assert first_failure([ended, a]) == a
+
+
+def test_of_the_pods_that_ended_the_earlier_is_the_cause_and_in_the_same_second_a_signal() -> None:
+    """A pod whose container was SIGKILLed (137) and its peer's pod, whose launcher exited 1 on
+    the lost connection within the same whole second: the kill is the cause. A launcher exits
+    with its first failed rank's code, so a pod ending on a signal was stopped from outside."""
+    killed = Failure("Error", 137, pod="j-1", pod_lost=True, finished=100.0)
+    peer = Failure("Error", 1, pod="j-0", pod_lost=True, finished=100.0)
+    assert first_failure([peer, killed]) == killed
+    drained = Failure("Error", 143, pod="j-1", pod_lost=True, finished=100.0)
+    assert first_failure([peer, drained]) == drained
+    # A second apart, the earlier exit is the cause, whatever its code.
+    later = Failure("Error", 137, pod="j-1", pod_lost=True, finished=101.0)
+    assert first_failure([later, peer]) == peer

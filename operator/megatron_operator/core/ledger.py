@@ -361,20 +361,11 @@ class Ledger:
     def _train(self, r: Record, at: int) -> None:
         """The open interval up to this record: blocking saves, then steps trained again
         (up to the highest step ever reached) and new steps, in proportion."""
-        steps = r.iteration - self.last_iteration
-        save = _ms_of(r.save) - self.save_seen
-        if steps <= 0 and save <= 0:
+        split = self._split(r, self.last_iteration, self.save_seen, max(at - self.closed, 0))
+        if split is None:
             return  # nothing new: the interval stays open
-        steps = max(steps, 0)
-        dt = max(at - self.closed, 0)
-        stall = min(max(save, 0), dt)
-        rest = dt - stall
-        replay = min(max(min(r.iteration, self.high) - self.last_iteration, 0), steps)
-        if steps:
-            again = rest * replay // steps
-            self._step_time(rest, steps)
-        else:
-            again = rest if self.last_iteration < self.high else 0
+        steps, stall, rest, again = split
+        dt = stall + rest
         self._close(at, Cause.PRODUCTIVE, (Cause.CHECKPOINT_SAVE, stall), (Cause.RECOMPUTED, again))
         if steps:
             self.spacing = dt if self.spacing is None else self.spacing + (dt - self.spacing) // 4
@@ -382,6 +373,26 @@ class Ledger:
         self.last_iteration = max(self.last_iteration, r.iteration)
         self.high = max(self.high, r.iteration)
         self.save_seen = max(self.save_seen, _ms_of(r.save))
+
+    def _split(
+        self, r: Record, after: int, save_seen: int, dt: int
+    ) -> tuple[int, int, int, int] | None:
+        """How `dt` ms up to record `r`, from step `after` with `save_seen` ms of saves counted,
+        divide: (new steps, blocking saves, the rest, the part of the rest that trained steps
+        again, up to the highest step ever reached, in proportion). None: nothing new. Notes the
+        step time."""
+        steps = r.iteration - after
+        save = _ms_of(r.save) - save_seen
+        if steps <= 0 and save <= 0:
+            return None
+        steps = max(steps, 0)
+        stall = min(max(save, 0), dt)
+        rest = dt - stall
+        replay = min(max(min(r.iteration, self.high) - after, 0), steps)
+        if steps:
+            self._step_time(rest, steps)
+            return steps, stall, rest, rest * replay // steps
+        return steps, stall, rest, rest if after < self.high else 0
 
     def _step_time(self, ms: int, steps: int) -> None:
         us = ms * 1000 // steps
@@ -407,16 +418,10 @@ class Ledger:
         f = self.in_flight
         assert f is not None
         at = min(max(self._ms(r.at), f.start), f.end)
-        steps = r.iteration - f.iteration
-        save = _ms_of(r.save) - f.save_seen
-        if steps <= 0 and save <= 0:
+        split = self._split(r, f.iteration, f.save_seen, at - f.start)
+        if split is None:
             return  # nothing new (the same record, read again)
-        steps = max(steps, 0)
-        dt = at - f.start
-        stall = min(max(save, 0), dt)
-        rest = dt - stall
-        replay = min(max(min(r.iteration, self.high) - f.iteration, 0), steps)
-        again = rest * replay // steps if steps else (rest if f.iteration < self.high else 0)
+        steps, stall, rest, again = split
         moved = min(rest - again + stall, self.ms.get(Cause.RECOMPUTED, 0))
         for cause, amount in ((Cause.CHECKPOINT_SAVE, stall), (Cause.PRODUCTIVE, rest - again)):
             take = min(amount, moved)
@@ -424,8 +429,6 @@ class Ledger:
                 self.ms[Cause.RECOMPUTED] -= take
                 self.ms[cause] = self.ms.get(cause, 0) + take
                 moved -= take
-        if steps:
-            self._step_time(rest, steps)
         self.trained_steps += steps
         self.high = max(self.high, r.iteration)
         self.in_flight = InFlight(

@@ -164,14 +164,18 @@ def first_failure(failures: list[Failure]) -> Failure | None:
         "Error": 10,
     }
 
-    def key(f: Failure) -> tuple[int, bool, bool, bool, float, float, bool, float, str]:
+    def key(f: Failure) -> tuple[int, bool, bool, bool, float, float, bool, float, bool, str]:
         # A config error decides the outcome (Fail). A lost pod explains the errors of the ranks
         # that lost their peers in it. Of the ranks the launchers reported, the first to exit
         # is the cause: by the launchers' own exit times (a killed rank's peers exit after it,
         # but under load their launchers may be heard first), then by the order the coordinator
-        # heard them. Otherwise SIGTERM/SIGKILL exits are usually the launcher stopping the
-        # survivors, so they are the least likely cause.
+        # heard them; a reported SIGTERM/SIGKILL is usually a launcher stopping its survivors.
+        # Of pods that ended, the earlier exit (kubelet time, whole seconds) is the cause, and
+        # in the same second a signal is: a launcher exits with its first failed rank's code,
+        # so a pod ending on SIGKILL/SIGTERM was killed or stopped from outside, and its peers'
+        # comms errors follow from it.
         reported = f.order is not None
+        signalled = f.exit_code in (ExitCode.SIGTERM, ExitCode.SIGKILL)
         return (
             priority.get(f.reason, 11),
             f.exit_code != ExitCode.CONFIG,
@@ -179,8 +183,9 @@ def first_failure(failures: list[Failure]) -> Failure | None:
             not reported,
             f.finished if reported and f.finished is not None else math.inf,
             f.order if f.order is not None else math.inf,
-            f.exit_code in (ExitCode.SIGTERM, ExitCode.SIGKILL),
+            reported and signalled,
             f.finished if f.finished is not None else math.inf,
+            not (signalled and not reported),
             f.pod or "",
         )
 
