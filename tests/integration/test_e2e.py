@@ -286,6 +286,17 @@ def wait_phase(
     return result
 
 
+def why(st: dict[str, Any]) -> dict[str, Any]:
+    """The part of a job's status that says how it ended (an assertion's message is cut short)."""
+    out = {k: st.get(k) for k in ("phase", "restarts", "lastFailure")}
+    out["conditions"] = [
+        f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+        for c in st.get("conditions") or []
+        if c.get("status") == "True"
+    ]
+    return out
+
+
 def wait_iteration(
     c: RealCluster, ns: str, name: str, at_least: int, timeout: float
 ) -> dict[str, Any]:
@@ -358,7 +369,7 @@ def test_main_scenario_sigkill_gang_restart_exact_resume(
         after = time.time()
         assert out["signal"] == "SIGKILL"
         done = wait_phase(c, ns, "tiny", {"Succeeded", "Failed"}, 900)
-        assert done["phase"] == "Succeeded", done
+        assert done["phase"] == "Succeeded", why(done)
         assert done["restarts"] == 1, done
         assert done["lastFailure"]["exitCode"] == 137, done["lastFailure"]
         # The second attempt resumed from a checkpoint, not from iteration 0.
@@ -426,7 +437,7 @@ def test_suspend_checkpoints_within_the_grace_period_and_resumes_there(
             "patch", "mj", "-n", ns, "pause", "--type=merge", "-p", '{"spec":{"suspend":false}}'
         )
         done = wait_phase(c, ns, "pause", {"Succeeded", "Failed"}, 900)
-        assert done["phase"] == "Succeeded", done
+        assert done["phase"] == "Succeeded", why(done)
         assert f"RESUME: loading checkpoint iteration {saved}" in logs.text()
         resumed = [r for r in logs.records if r.get("attempt") == 1]
         assert min(r["iteration"] for r in resumed) == saved + 1, logs.text()[-3000:]
@@ -510,7 +521,7 @@ def test_node_loss_restarts_on_the_remaining_nodes_with_the_same_curve(
             conds = c.kubectl_json("get", "node", other)["status"]["conditions"]
             assert {x["type"]: x["status"] for x in conds}["Ready"] == "True", other
         done = wait_phase(c, ns, "lost", {"Succeeded", "Failed"}, 900)
-        assert done["phase"] == "Succeeded", done
+        assert done["phase"] == "Succeeded", why(done)
         assert done["restarts"] == 1, done
         # The last step reaches the status, though it came within the progress copy limit.
         assert done["progress"]["iteration"] == 30, done["progress"]
@@ -619,7 +630,7 @@ def test_the_readme_tour_runs_as_written(real_operator: RealCluster) -> None:
             outputs[line] = run(line)
             if " apply " in f" {line} ":
                 done = wait_phase(c, ns, "cpu-tiny", {"Succeeded", "Failed"}, 900)
-                assert done["phase"] == "Succeeded", done
+                assert done["phase"] == "Succeeded", why(done)
         st = job_status(c, ns, "cpu-tiny")
         assert st["restarts"] == 0 and st["progress"]["iteration"] == 60, st
         # The image came from the chart (trainerImage), recorded with the job.

@@ -31,6 +31,7 @@ from .test_e2e import (
     pods_of,
     spec,
     wait_phase,
+    why,
 )
 
 pytestmark = pytest.mark.slow
@@ -218,7 +219,7 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
         assert replaced["spec"]["hostname"] == "ladder-1"
 
         done = wait_phase(c, ns, "ladder", {"Succeeded", "Failed"}, 900)
-        assert done["phase"] == "Succeeded", done
+        assert done["phase"] == "Succeeded", why(done)
         assert done["restarts"] == 2, done  # the kill and the container: nothing of the intruder
         assert [(r["attempt"], r["tier"]) for r in done["restores"]] == [
             (0, "None"),

@@ -33,6 +33,7 @@ from .test_e2e import (
     pods_of,
     spec,
     wait_phase,
+    why,
 )
 
 pytestmark = pytest.mark.slow
@@ -54,7 +55,10 @@ def _start_with_the_spare_on_the_operators_node(
             ranks = {f"{name}-a0-0", f"{name}-a0-1"}
             return {n: str(nodes[n]) for n in ranks} if all(nodes.get(n) for n in ranks) else None
 
-        where = c.wait(placed, 300, 1.0, "the node ranks scheduled off the operator's node")
+        try:
+            where = c.wait(placed, 300, 1.0, "the node ranks scheduled off the operator's node")
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{_placement(c, ns, name)}") from None
     finally:
         c.kubectl("uncordon", OPERATOR_NODE)
     c.wait(
@@ -66,6 +70,29 @@ def _start_with_the_spare_on_the_operators_node(
     spare = next(p for p in pods_of(c, ns, name, 0) if p["metadata"]["name"] == f"{name}-a0-s0")
     assert spare["spec"]["nodeName"] == OPERATOR_NODE, spare["spec"]
     return {n.rsplit("-", 1)[-1]: node for n, node in where.items()}
+
+
+def _placement(c: RealCluster, ns: str, name: str) -> str:
+    """Why a pod is not placed: each pod's phase, node and PodScheduled message, and each
+    node's readiness, cordon and taints."""
+    lines = []
+    for p in pods_of(c, ns, name):
+        st = p.get("status") or {}
+        cond = next((x for x in st.get("conditions") or [] if x.get("type") == "PodScheduled"), {})
+        lines.append(
+            f"pod {p['metadata']['name']}: {st.get('phase')} on "
+            f"{(p.get('spec') or {}).get('nodeName')}: {cond.get('message', '')}"
+        )
+    for n in c.kubectl_json("get", "nodes")["items"]:
+        ready = next(
+            (x["status"] for x in n["status"].get("conditions") or [] if x["type"] == "Ready"), "?"
+        )
+        lines.append(
+            f"node {n['metadata']['name']}: Ready={ready} "
+            f"unschedulable={n['spec'].get('unschedulable', False)} "
+            f"taints={n['spec'].get('taints')} allocatable={n['status'].get('allocatable')}"
+        )
+    return "\n".join(lines)
 
 
 def _first_step_after(logs: Rank0Logs, attempt: int) -> dict[str, Any] | None:
@@ -113,7 +140,7 @@ def _lose_node_rank(c: RealCluster, tmp_path: Path, rank: int) -> None:
         if rank == 0:
             assert status["coordinator"]["pod"] == f"{name}-a0-1", status.get("coordinator")
         done = wait_phase(c, ns, name, {"Succeeded", "Failed"}, 900)
-        assert done["phase"] == "Succeeded", done
+        assert done["phase"] == "Succeeded", why(done)
         assert done["restarts"] == 1, done
     finally:
         logs.close()

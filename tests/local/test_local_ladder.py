@@ -186,7 +186,7 @@ def _launchers(proc: subprocess.Popen[str]) -> dict[str, psutil.Process]:
 
 def _lose_a_pod(tmp_path: Path, node: str) -> tuple[int, dict[str, Any], str, float]:
     proc = subprocess.Popen(
-        run_argv(tmp_path, *TWO_PODS, *SPARE, iters=14, save=3),
+        run_argv(tmp_path, *TWO_PODS, *SPARE, iters=ITERS, save=3),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
