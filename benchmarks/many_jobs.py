@@ -19,6 +19,8 @@ as a process (`mjob operator`):
 Run: python benchmarks/many_jobs.py                      (starts a 24-node kwok cluster)
      python benchmarks/many_jobs.py --state DIR          (reuse a running cluster)
      python benchmarks/many_jobs.py --jobs 2000 --terminal 1000 --body-kb 100 --peer 6f2a4f8
+     python benchmarks/many_jobs.py --nodes 1024 --jobs 100 --terminal 0 --pods 8 --body-kb 4 \
+         --peer 3fde90c                     (the ledger's cost: 3fde90c is main before it)
 Needs `tests/cluster/cluster build`. Prints one line per figure, then a JSON summary.
 """
 
@@ -96,7 +98,7 @@ class Cluster:
         return {"writes": total, "status_writes": status}
 
 
-def job(name: str, running: bool, body_kb: int) -> dict[str, Any]:
+def job(name: str, running: bool, body_kb: int, pods: int = 1) -> dict[str, Any]:
     pad = max(body_kb * 1024 - 2048, 0)
     entries = (pad // 30000) + (1 if pad % 30000 else 0)
     env = [{"name": f"PAD_{i}", "value": "x" * min(30000, pad - i * 30000)} for i in range(entries)]
@@ -109,7 +111,7 @@ def job(name: str, running: bool, body_kb: int) -> dict[str, Any]:
             "model": {"recipe": "gpt-tiny"},
             "training": {"globalBatchSize": 8, "trainIters": 1000},
             "data": {"mock": True},
-            "resources": {"nodes": 1, "procsPerNode": 1, "accelerator": "none"},
+            "resources": {"nodes": pods, "procsPerNode": 1, "accelerator": "none"},
             "checkpoint": {"volume": {"claimName": "bench-shared"}, "gracePeriodSeconds": 1},
             "restartPolicy": {"hangTimeoutSeconds": 0},
             "env": env,
@@ -117,7 +119,7 @@ def job(name: str, running: bool, body_kb: int) -> dict[str, Any]:
     }
 
 
-def create_jobs(c: Cluster, jobs: int, terminal: int, body_kb: int) -> list[str]:
+def create_jobs(c: Cluster, jobs: int, terminal: int, body_kb: int, pods: int) -> list[str]:
     """Create the jobs (terminal ones already Succeeded); return the running jobs' names."""
     c.kubectl("create", "namespace", NS)
     # One claim the pods all mount (a claim that does not exist would keep them Pending).
@@ -138,7 +140,7 @@ def create_jobs(c: Cluster, jobs: int, terminal: int, body_kb: int) -> list[str]
         name = f"job-{i:04d}"
         is_running = i >= terminal
         doc = c.custom.create_namespaced_custom_object(
-            GROUP, VERSION, NS, PLURAL, job(name, is_running, body_kb)
+            GROUP, VERSION, NS, PLURAL, job(name, is_running, body_kb, pods)
         )
         if not is_running:
             doc["status"] = {
@@ -317,6 +319,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--terminal", type=int, default=1000, help="jobs already Succeeded")
     parser.add_argument("--body-kb", type=int, default=100, help="size each job is padded to")
+    parser.add_argument("--pods", type=int, default=1, help="pods (nodes) of each running job")
     parser.add_argument("--window", type=float, default=60.0, help="seconds per measurement")
     parser.add_argument("--settle", type=float, default=30.0)
     parser.add_argument("--threads", type=int, default=8, help="Lease writers in the storm")
@@ -344,6 +347,8 @@ def main() -> int:
         "jobs": args.jobs,
         "terminal": args.terminal,
         "body_kb": args.body_kb,
+        "pods_per_job": args.pods,
+        "nodes": args.nodes,
     }
     try:
         c = Cluster(state)
@@ -353,7 +358,7 @@ def main() -> int:
         )  # fmt: skip
         c.kubectl("wait", "--for=condition=Established", "crd/megatronjobs.megatron.dev")
         started = time.monotonic()
-        running = create_jobs(c, args.jobs, args.terminal, args.body_kb)
+        running = create_jobs(c, args.jobs, args.terminal, args.body_kb, args.pods)
         sample = c.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, running[0])
         size = len(json.dumps(sample))
         results["body_bytes"] = size
@@ -376,6 +381,16 @@ def main() -> int:
                               "job_status_writes_per_s")
                 }  # fmt: skip
                 results.setdefault("ratios", {})[name] = ratios
+                # What this operator adds over the peer, per running job (the ledger's budget:
+                # at most one status write per 30 s per job).
+                extra = (ours["job_status_writes_per_s"] - peer["job_status_writes_per_s"]) / len(
+                    running
+                )
+                results.setdefault("extra_status_writes_per_job_per_30s", {})[name] = extra * 30
+                print(
+                    f"[ours - peer] {name}: job status writes {extra * 30:+.2f} per 30 s per job",
+                    flush=True,
+                )
                 print(
                     f"[ours / peer] {name}: "
                     + ", ".join(

@@ -139,11 +139,14 @@ def intruder_counts(c: RealCluster, ns: str) -> tuple[int, int]:
 
 def check_restored(logs: Rank0Logs, attempt: int, tier: str) -> None:
     """The attempt restored from `tier`, at most one step behind the last step an earlier
-    attempt reported (the trainer's own records)."""
+    attempt reported (the trainer's own records). A kill that lands in the memory snapshot of a
+    step the durable checkpoint also saved leaves that step only there: the durable tier is then
+    the newest (tiers.choose), and as good, so it passes too."""
     first = next(r for r in logs.records if r.get("attempt") == attempt)
     before = max(r["iteration"] for r in logs.records if r.get("attempt", 0) < attempt)
     restored = first["restored"]
-    assert restored["tier"] == tier and before - restored["step"] <= 1, (restored, before)
+    assert restored["tier"] in (tier, "Durable"), (restored, before)
+    assert before - restored["step"] <= 1, (restored, before)
 
 
 def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod(

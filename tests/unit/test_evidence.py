@@ -74,11 +74,12 @@ def test_the_failed_pods_of_the_last_attempts_are_kept_and_older_ones_go() -> No
 def test_one_event_per_failed_attempt_names_every_failed_pod() -> None:
     sim = _sim(nodes=4)
     sim.start_running()
-    for name, code in (("job-a0-2", 1), ("job-a0-0", 137)):
+    # job-a0-2 crashed first; job-a0-0 ended a second later (the kubelet's whole seconds).
+    for name, code, at in (("job-a0-2", 1, "12:00:00"), ("job-a0-0", 137, "12:00:01")):
         sim.fail(name, exit_code=code)
-        sim.pods[name]["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = (
-            f"line one\nline two\n{name} says: boom"
-        )
+        terminated = sim.pods[name]["status"]["containerStatuses"][0]["state"]["terminated"]
+        terminated["message"] = f"line one\nline two\n{name} says: boom"
+        terminated["finishedAt"] = f"2026-11-22T{at}Z"
     sim.step()
     reports = [m for r, m in sim.events if r == "AttemptFailed"]
     assert len(reports) == 1

@@ -130,9 +130,14 @@ class Supervisor:
         self.codes: dict[int, int] = {}
         self.first_failure: int | None = None
         self.terminating = False
+        self.stopped: set[int] = set()  # the ranks sent SIGTERM
 
     def start(self) -> None:
         prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        # Before the first rank: a stop that comes while they start must reach them all, not
+        # end this process by the default action with its ranks still running.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._forward)
         for local_rank in range(self.env.nproc_per_node):
             env = rank_env(os.environ, self.env, local_rank, self.cpu, self.parallel)
             plain = self.argv(env)
@@ -158,16 +163,17 @@ class Supervisor:
             if self.output is not None:
                 self.output.attach(local_rank, proc)
             self.ranks[proc.pid] = proc
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._forward)
+        if self.terminating:  # the ranks started after the stop get it too
+            self._forward(signal.SIGTERM, None)
 
     def argv(self, env: Mapping[str, str]) -> list[str]:
         return self.command(env) if callable(self.command) else list(self.command)
 
     def _forward(self, signum: int, frame: FrameType | None) -> None:
         self.terminating = True
-        for pid in self.ranks:
-            if pid not in self.codes:
+        for pid in list(self.ranks):
+            if pid not in self.codes and pid not in self.stopped:
+                self.stopped.add(pid)  # once each: a second SIGTERM could cut a rank's save short
                 send(pid, signal.SIGTERM)
 
     def wait(self) -> int:
