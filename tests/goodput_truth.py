@@ -138,11 +138,12 @@ def _compare(
     return figures
 
 
-def check_ledger(workdir: Path, kills: list[float] | None = None) -> dict[str, float]:
+def check_ledger(
+    workdir: Path, kills: list[float] | None = None, spread: float = 0.0
+) -> dict[str, float]:
     """A local run's ledger (summary.json) against the truth, and its wall time against the
-    runner's own stopwatch."""
+    runner's own stopwatch. `spread`: how late after `kills` the runner may have seen them."""
     summary = json.loads((workdir / "summary.json").read_text())
-    spread = 0.0
     if kills is None:
         kills = [i["diedAt"] or i["at"] for i in summary["injections"]]
         # A death is seen by polling (a killed rank is not the runner's child): the failure
