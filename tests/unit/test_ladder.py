@@ -8,6 +8,7 @@ Lease, `Sim.report_launchers`); the operator's side is the real `reconcile`.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from megatron_operator.cluster.ratelimit import PROGRESS_COPY_SECONDS
 from megatron_operator.core.ladder import partition
 from megatron_operator.core.observe import format_time, pod_view
 from megatron_operator.core.reconcile import reconcile
@@ -501,3 +503,23 @@ def test_pods_whose_launchers_cannot_restart_in_place_are_recreated(made_by: str
         sim.report_launchers(failures=[(1, 1)])
         sim.step()
         assert sim.status["lastFailure"]["rung"] == "InPlace"
+
+
+def test_a_restarts_first_step_is_seen_inside_the_progress_copy_limit() -> None:
+    """The progress copy into the status is rate-limited per job, but an attempt's first record
+    is copied at once: a failure right after the in-place attempt's first step restarts in place
+    again, not as an attempt that never trained (a Recreate)."""
+    sim = _sim()
+    sim.start_running()
+    _stepped(sim, 5)
+    sim.report_launchers(failures=[(1, 1)])
+    sim.step()
+    _released(sim)
+    sim.report_progress(6)  # attempt 1's first step, inside the copy window of attempt 0's
+    hold = sim.now + timedelta(seconds=PROGRESS_COPY_SECONDS)
+    out = reconcile(replace(sim.world(), progress_not_before=hold), sim.settings)
+    assert out.status["progress"]["attempt"] == 1
+    sim.job["status"] = copy.deepcopy(out.status)
+    sim.report_launchers(failures=[(2, 1)])
+    sim.step()
+    assert sim.status["lastFailure"]["rung"] == "InPlace", sim.status["lastFailure"]

@@ -1162,7 +1162,9 @@ class _Machine:
         ):
             return
         hold = self.w.progress_not_before
-        if hold is not None and self.now < hold and not final:
+        # A restart's first record is copied at once: the ladder reads it (stepped()).
+        first = prog.attempt > 0 and old.get("attempt") != prog.attempt
+        if hold is not None and self.now < hold and not final and not first:
             self.deadlines.append(hold)  # copy the newest record then
             return
         self.st.progress = prog.to_status()
