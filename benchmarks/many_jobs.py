@@ -356,7 +356,12 @@ def main() -> int:
             "apply", "--server-side", "--force-conflicts",
             "-f", str(REPO / "crds" / "megatronjobs.megatron.dev.yaml"),
         )  # fmt: skip
-        c.kubectl("wait", "--for=condition=Established", "crd/megatronjobs.megatron.dev")
+        for _ in range(60):  # `kubectl wait` fails while the CRD has no conditions yet
+            try:
+                c.kubectl("wait", "--for=condition=Established", "crd/megatronjobs.megatron.dev")
+                break
+            except RuntimeError:
+                time.sleep(1)
         started = time.monotonic()
         running = create_jobs(c, args.jobs, args.terminal, args.body_kb, args.pods)
         sample = c.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, running[0])
