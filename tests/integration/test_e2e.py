@@ -356,10 +356,10 @@ def test_main_scenario_sigkill_gang_restart_exact_resume(
         done = wait_phase(c, ns, "tiny", {"Succeeded", "Failed"}, 900)
         assert done["phase"] == "Succeeded", done
         assert done["restarts"] == 1, done
-        # The killed pod (137) is named when the operator sees both ends in the same kubelet
-        # second (tests/unit/test_policy.py). Its peer's exit on the lost connection (1) is named
-        # when it reaches the operator first, through the other kubelet, or carries an earlier
-        # second: the gang restart is the same.
+        # The killed pod (137) is named when the operator sees both ends (the earlier kubelet
+        # second, or in the same second the signal: tests/unit/test_policy.py). Its peer's exit
+        # on the lost connection (1) is named when it reaches the operator first, through the
+        # other kubelet: the gang restart is the same.
         assert done["lastFailure"]["exitCode"] in (137, 1), done["lastFailure"]
         assert done["lastFailure"]["pod"] in {p["metadata"]["name"] for p in pods}
         # The second attempt resumed from a checkpoint, not from iteration 0.
