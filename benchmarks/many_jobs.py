@@ -14,7 +14,8 @@ as a process (`mjob operator`):
    a newer record, as fast as the apiserver takes them, for WINDOW s; the same figures.
 
 `--peer REF` runs steps 2-4 again with the operator of git revision REF (checked out with
-`git archive` into a temporary directory), on the same cluster and jobs, and prints the ratios.
+`git archive` into a temporary directory), on the same cluster with the jobs made again (an
+older operator may not take this one's pods as its own), and prints the ratios.
 
 Run: python benchmarks/many_jobs.py                      (starts a 24-node kwok cluster)
      python benchmarks/many_jobs.py --state DIR          (reuse a running cluster)
@@ -375,6 +376,10 @@ def main() -> int:
         results["ours"] = run_operator(c, "this operator", logs / "ours.log", running, args, None)
         if args.peer:
             path = peer_checkout(args.peer)
+            # Fresh jobs for the peer: an operator of another revision may not take the pods
+            # this one made as its own (it would delete them and start over).
+            c.kubectl("delete", "namespace", NS, "--wait=true", "--timeout=600s")
+            running = create_jobs(c, args.jobs, args.terminal, args.body_kb, args.pods)
             results["peer"] = run_operator(
                 c, f"peer {args.peer}", logs / "peer.log", running, args, path
             )

@@ -371,7 +371,12 @@ def test_main_scenario_sigkill_gang_restart_exact_resume(
         done = wait_phase(c, ns, "tiny", {"Succeeded", "Failed"}, 900)
         assert done["phase"] == "Succeeded", why(done)
         assert done["restarts"] == 1, done
-        assert done["lastFailure"]["exitCode"] == 137, done["lastFailure"]
+        # The killed pod (137) is named when the operator sees both ends (the earlier kubelet
+        # second, or in the same second the signal: tests/unit/test_policy.py). Its peer's exit
+        # on the lost connection (1) is named when it reaches the operator first, through the
+        # other kubelet: the gang restart is the same.
+        assert done["lastFailure"]["exitCode"] in (137, 1), done["lastFailure"]
+        assert done["lastFailure"]["pod"] in {p["metadata"]["name"] for p in pods}
         # The second attempt resumed from a checkpoint, not from iteration 0.
         resumed = [r for r in logs.records if r.get("attempt") == 1]
         assert resumed and min(r["iteration"] for r in resumed) > 1, logs.text()[-3000:]
