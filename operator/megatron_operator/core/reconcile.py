@@ -1162,8 +1162,10 @@ class _Machine:
         ):
             return
         hold = self.w.progress_not_before
-        # A restart's first record is copied at once: the ladder reads it (stepped()).
-        first = prog.attempt > 0 and old.get("attempt") != prog.attempt
+        # A restart's first record is copied at once: the ladder reads it (stepped()). Only the
+        # current attempt's, once: a Lease that alternates attempts gets no more copies.
+        current = prog.attempt == self.st.restart_attempt
+        first = current and prog.attempt > 0 and old.get("attempt") != prog.attempt
         if hold is not None and self.now < hold and not final and not first:
             self.deadlines.append(hold)  # copy the newest record then
             return
