@@ -139,3 +139,46 @@ def test_the_forwarder_reads_partial_and_huge_lines(tmp_path: Path) -> None:
     assert [(r["iteration"], r["loss"], r["attempt"]) for r in got] == [
         (1, 1.5, 1), (2, 1.25, 1), (3, 1.0, 1)
     ]  # fmt: skip
+
+
+STOP_WHILE_STARTING = """
+import os, signal, sys
+from megatron_trainer.launcher import Supervisor
+from megatron_contract.env import runtime_env
+
+env = runtime_env({
+    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "WORLD_SIZE": "2", "NNODES": "1",
+    "NODE_RANK": "0", "NPROC_PER_NODE": "2", "MEGATRON_CONFIG": "/unused",
+    "MEGATRON_RESTART_ATTEMPT": "0",
+})
+out = sys.argv[1]
+rank = [sys.executable, "-c",
+        "import os, signal, sys, time\\n"
+        "def stop(s, f):\\n"
+        f"    open(os.path.join({out!r}, 'stopped-' + os.environ['RANK']), 'w').close()\\n"
+        "    sys.exit(143)\\n"
+        "signal.signal(signal.SIGTERM, stop)\\n"
+        f"open(os.path.join({out!r}, 'up-' + os.environ['RANK']), 'w').close()\\n"
+        "time.sleep(60)\\n"]
+
+def wrap(global_rank, argv):
+    if global_rank == 1:  # the stop comes after rank 0 started, before rank 1 does
+        os.kill(os.getpid(), signal.SIGTERM)
+    return argv
+
+supervisor = Supervisor(env, True, rank, wrap=wrap)
+supervisor.start()
+sys.exit(supervisor.wait())
+"""
+
+
+def test_a_stop_while_the_ranks_start_reaches_every_rank(tmp_path: Path) -> None:
+    """SIGTERM to the launcher between its ranks' starts: the launcher is not ended by it (its
+    handler is in place before the first rank), and it stops the ranks on both sides of it: it
+    exits 143 well before the ranks' 60 s sleep ends (a rank may take it before its own handler
+    is set, so the rank's file is not required)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", STOP_WHILE_STARTING, str(tmp_path)],
+        capture_output=True, text=True, timeout=50, check=False,
+    )  # fmt: skip
+    assert proc.returncode == ExitCode.SIGTERM, (proc.returncode, proc.stderr[-2000:])
