@@ -385,9 +385,20 @@ def test_main_scenario_sigkill_gang_restart_exact_resume(
         logs.close()
     # The goodput ledger against the true timeline: rank 0's own records and the kill. The
     # ledger reads the failure's time from the kubelet (whole seconds), and the kill happened
-    # somewhere inside the driver's call: that much slack on the recomputed seconds.
+    # somewhere inside the driver's call: that much slack on the recomputed seconds. When the
+    # peer's exit is the first sign the operator sees, it follows the kill by the peer's comms
+    # error: a second more. The operator sees rank 0's records through its Lease, written at
+    # most every PROGRESS_MIN_INTERVAL_SECONDS, and rank 0 ends with the gang: the ledger is
+    # held to the truth as the operator could have seen it (tests/goodput_truth.py).
     ledger = done["ledger"]
-    figures = compare(ledger, logs.records, [(before + after) / 2], 1.0 + (after - before) / 2)
+    peer = done["lastFailure"]["exitCode"] == 1
+    figures = compare(
+        ledger,
+        logs.records,
+        [(before + after) / 2],
+        1.0 + (after - before) / 2 + (1.0 if peer else 0.0),
+        view_lag=PROGRESS_MIN_INTERVAL_SECONDS + 2,
+    )
     assert ledger["seconds"].get("restartRecreate", 0) > 0, ledger
     assert ledger["restarts"][0]["rung"] == "Recreate" and ledger["restarts"][0]["count"] == 1
     # The TTL deletes the job; its created claim is kept (retention Retain), and so are the
