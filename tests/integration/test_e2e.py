@@ -260,12 +260,19 @@ def run_local(tmp: Path, name: str, s: dict[str, Any]) -> dict[int, float]:
     return {int(i): float(v) for i, v in summary["losses"]}
 
 
-def assert_same_curve(cluster: dict[int, float], local: dict[int, float], iters: int) -> float:
-    """Every step's loss within 1e-6 relative of the local run's; returns the worst ratio."""
+def assert_same_curve(
+    cluster: dict[int, float], local: dict[int, float], iters: int, unseen: range = range(0)
+) -> float:
+    """Every step's loss within 1e-6 relative of the local run's; returns the worst ratio.
+    `unseen`: steps whose lines may be missing (printed on a node that was lost before its log
+    stream delivered them, and not trained again)."""
     assert sorted(local) == list(range(1, iters + 1))
-    assert sorted(cluster) == list(range(1, iters + 1)), sorted(cluster)
-    worst = max(abs(cluster[i] - local[i]) / abs(local[i]) for i in local)
-    assert worst <= 1e-6, {i: (cluster[i], local[i]) for i in local if cluster[i] != local[i]}
+    expected = [i for i in range(1, iters + 1) if i not in unseen]
+    assert [i for i in sorted(cluster) if i not in unseen] == expected, sorted(cluster)
+    worst = max(abs(cluster[i] - local[i]) / abs(local[i]) for i in local if i in cluster)
+    assert worst <= 1e-6, {
+        i: (cluster[i], local[i]) for i in local if i in cluster and cluster[i] != local[i]
+    }
     return worst
 
 

@@ -146,7 +146,15 @@ def _lose_node_rank(c: RealCluster, tmp_path: Path, rank: int) -> None:
         logs.close()
         if killed:
             c.restart_node(killed)
-    worst = assert_same_curve(logs.losses, local_losses(tmp_path, name, s), 30)
+    # Node rank 0 prints the losses: the steps it trained after the last line its lost node's
+    # log stream delivered, which attempt 1 restored (from memory) rather than trained again,
+    # are seen nowhere. At most one step may be lost, so at most one such step.
+    unseen = range(0)
+    if rank == 0:
+        shown = max(r["iteration"] for r in logs.records if r.get("attempt") == 0)
+        unseen = range(shown + 1, step["iteration"])
+        assert len(unseen) <= 2, (shown, step["iteration"])
+    worst = assert_same_curve(logs.losses, local_losses(tmp_path, name, s), 30, unseen)
     print(
         f"node rank {rank}'s node {victim} killed: attempt 1's first step (iteration "
         f"{step['iteration']}) {took:.0f} s after; worst relative difference to local {worst:.1e}"

@@ -262,7 +262,13 @@ def test_a_coordinator_that_hears_no_operator_lets_a_failed_rank_end_its_pod(
         gang.launch(0, MEGATRON_STATUS_FILE="")
         gang.started(0)
         gang.finish(0, code=3, ranks=[1])
-        assert gang.launchers[0].wait(timeout=20) == 3, gang.logs()
+        try:
+            code = gang.launchers[0].wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the launcher did not end: {gang.ranks()}\n{gang.logs()}"
+            ) from None
+        assert code == 3, gang.logs()
         assert "a failed rank will end its pod" in gang.logs()
     finally:
         gang.stop()
