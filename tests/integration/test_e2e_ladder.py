@@ -137,7 +137,7 @@ def intruder_counts(c: RealCluster, ns: str) -> tuple[int, int]:
     return int(fields["challenges"]), int(fields["welcomed"])
 
 
-def check_restored(logs: Rank0Logs, attempt: int, tier: str) -> None:
+def check_restored(logs: Rank0Logs, attempt: int, tier: str) -> str:
     """The attempt restored from `tier`, at most one step behind the last step an earlier
     attempt reported (the trainer's own records). A kill that lands in the memory snapshot of a
     step the durable checkpoint also saved leaves that step only there: the durable tier is then
@@ -147,6 +147,7 @@ def check_restored(logs: Rank0Logs, attempt: int, tier: str) -> None:
     restored = first["restored"]
     assert restored["tier"] in (tier, "Durable"), (restored, before)
     assert before - restored["step"] <= 1, (restored, before)
+    return str(restored["tier"])
 
 
 def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod(
@@ -193,7 +194,7 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
         assert st["lastFailure"]["exitCode"] in (137, 1), st["lastFailure"]
         assert uids(c, ns, "ladder") == first
         # ... from every pod's own memory, at most one step behind rank 0's last record.
-        check_restored(logs, attempt=1, tier="Memory")
+        in_place = check_restored(logs, attempt=1, tier="Memory")
         wait_attempt_step(c, logs, attempt=1, after=resumed["iteration"] + 2)
 
         # 2. The container of node rank 1 is killed: only that pod is replaced.
@@ -216,7 +217,7 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
         now = uids(c, ns, "ladder")
         assert now["0"] == first["0"] and now["1"] != first["1"], (first, now)
         # Its ranks from the copy in the other pod's memory (the others from their own).
-        check_restored(logs, attempt=2, tier="Peer")
+        replaced_from = check_restored(logs, attempt=2, tier="Peer")
         replaced = next(p for p in pods_of(c, ns, "ladder") if p["metadata"]["uid"] == now["1"])
         assert replaced["metadata"]["name"] == "ladder-a2-1"
         assert replaced["spec"]["hostname"] == "ladder-1"
@@ -224,10 +225,11 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
         done = wait_phase(c, ns, "ladder", {"Succeeded", "Failed"}, 900)
         assert done["phase"] == "Succeeded", why(done)
         assert done["restarts"] == 2, done  # the kill and the container: nothing of the intruder
+        # The status says the same tiers as the trainer's records (checked above).
         assert [(r["attempt"], r["tier"]) for r in done["restores"]] == [
             (0, "None"),
-            (1, "Memory"),
-            (2, "Peer"),
+            (1, in_place),
+            (2, replaced_from),
         ], done["restores"]
         challenges, welcomed = intruder_counts(c, other)
         assert challenges > 10 and welcomed == 0, (challenges, welcomed)

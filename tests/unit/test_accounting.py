@@ -206,3 +206,39 @@ def test_suspended_time_is_its_own() -> None:
     assert s.status["phase"] == "Pending"
     seconds = ledger(s)["seconds"]
     assert seconds["suspended"] == 600.0 and seconds["productive"] == 10.0
+
+
+def test_the_steps_and_save_of_a_stopping_attempt_are_not_time_suspended() -> None:
+    """A suspend stops a training attempt: it finishes its step, saves on SIGTERM and sends its
+    final record as it exits. That record moves the step and the save from the suspended time
+    back to productive and checkpointSave; the rest of the stop stays suspended."""
+    s = sim()
+    s.start_running()
+    began = s.now
+    s.tick(10)
+    record(s, 10, began=began, loop=began)
+    s.step()
+    s.tick(0.5)
+    s.job["spec"]["suspend"] = True
+    s.step()  # the decision: 0.5 s after the last record seen
+    assert s.status["phase"] == "Suspended"
+    s.tick(4)
+    # Its final record: one more step (done 1 s after the decision), then a 2 s save.
+    record(s, 11, began=began, loop=began)
+    assert s.lease is not None
+    body = json.loads(s.lease["metadata"]["annotations"][PROGRESS_ANNOTATION])
+    body["clock"]["now"] = (s.now - timedelta(seconds=1)).timestamp()
+    body["clock"]["save"] = 2.0
+    s.lease["metadata"]["annotations"][PROGRESS_ANNOTATION] = json.dumps(body)
+    s.step()
+    s.tick(1)
+    s.step()  # the same record, read again (by every reconcile after): nothing moves twice
+    s.finish_deletions()
+    s.tick(600)
+    s.job["spec"]["suspend"] = False
+    s.step()
+    seconds = ledger(s)["seconds"]
+    assert seconds["productive"] == 10.0 + 0.5 + 1.0
+    assert seconds["checkpointSave"] == 2.0
+    assert seconds["suspended"] == 1.0 + 1.0 + 600.0  # the exit after the record, the pause
+    assert ledger(s)["fold"].get("stopped") is None  # the resumed attempt was launched

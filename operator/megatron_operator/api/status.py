@@ -265,6 +265,14 @@ class LedgerFold(ApiModel):
     in_flight: LedgerInFlight | None = Field(
         None, description="The work the last failure interrupted, until the next attempt trains."
     )
+    stopped: LedgerInFlight | None = Field(
+        None,
+        description=(
+            "A training attempt stopped by a suspend or a requeue, counted to that cause from "
+            "the decision (end: the decision); its final record moves the steps it finished "
+            "and the checkpoint it saved while stopping back."
+        ),
+    )
 
 
 class Ledger(ApiModel):

@@ -185,6 +185,7 @@ class Ledger:
     step_us: int | None = None  # recent microseconds per step
     spacing: int | None = None  # ms between the records folded, recently
     in_flight: InFlight | None = None  # the work the last failure interrupted (see _late)
+    stopped: InFlight | None = None  # a training attempt a suspend or requeue stopped
 
     @classmethod
     def start(cls, origin: datetime, mode: Mode = Mode.QUEUED) -> Ledger:
@@ -268,7 +269,14 @@ class Ledger:
                     self._close(self.end, self._mode_cause())
             case Queued() | Suspended():
                 at = self._now(event.at)
-                # A stopped attempt saves on SIGTERM: its last steps are kept, not lost.
+                # A stopped attempt saves on SIGTERM: its last steps are kept, not lost. What
+                # it does after the decision counts to the stop until its final record says
+                # which steps and save it finished (_late_stop).
+                self.stopped = (
+                    InFlight(self.attempt, at, at, self.last_iteration, self.save_seen)
+                    if self.mode == Mode.TRAINING
+                    else None
+                )
                 self._close(
                     at, Cause.PRODUCTIVE if self.mode == Mode.TRAINING else self._mode_cause()
                 )
@@ -310,6 +318,7 @@ class Ledger:
         self.mode = Mode.SCHEDULING
         self.attempt = max(event.attempt, 0)
         self.save_seen = 0
+        self.stopped = None  # its final record, if it comes now, is of an attempt gone by
 
     def _record(self, r: Record) -> None:
         if r.attempt != self.attempt or self.mode not in (
@@ -319,6 +328,12 @@ class Ledger:
         ):
             if self.in_flight is not None and r.attempt == self.in_flight.attempt:
                 self._late(r)
+            elif (
+                self.stopped is not None
+                and r.attempt == self.stopped.attempt
+                and self.mode in (Mode.SUSPENDED, Mode.QUEUED)
+            ):
+                self._late_stop(r)
             return  # a late write of another attempt, or of ranks already stopped
         at = self._within(r.at, self.closed)
         if self.mode == Mode.SCHEDULING:  # placed before the operator looked (no pod facts)
@@ -435,6 +450,40 @@ class Ledger:
             f.attempt, at, f.end, max(f.iteration, r.iteration), max(f.save_seen, _ms_of(r.save))
         )
 
+    def _late_stop(self, r: Record) -> None:
+        """A record of an attempt that a suspend or requeue stopped, written as it stopped:
+        the steps it finished after the decision were new work and its save on SIGTERM a
+        blocking save, not time suspended (or queued). The stretch from the decision to the
+        record moves to them; the rest (the signal on its way, the exit) stays the stop's."""
+        f = self.stopped
+        assert f is not None
+        cause = Cause.SUSPENDED if self.mode == Mode.SUSPENDED else Cause.QUEUED
+        at = min(max(self._ms(r.at), f.start), self.end)
+        steps = max(r.iteration - f.iteration, 0)
+        save = _ms_of(r.save) - f.save_seen
+        if steps == 0 and save <= 0:
+            return  # nothing new (the same record, read again)
+        dt = at - f.start
+        stall = min(max(save, 0), dt)
+        rest = dt - stall if steps else 0  # no step finished: it was stopping, not training
+        replay = min(max(min(r.iteration, self.high) - f.iteration, 0), steps)
+        again = rest * replay // steps if steps else 0
+        parts = (
+            (Cause.CHECKPOINT_SAVE, stall),
+            (Cause.RECOMPUTED, again),
+            (Cause.PRODUCTIVE, rest - again),
+        )
+        for target, amount in parts:
+            take = min(amount, self.ms.get(cause, 0))
+            if take > 0:
+                self.ms[cause] -= take
+                self.ms[target] = self.ms.get(target, 0) + take
+        self.trained_steps += steps
+        self.high = max(self.high, r.iteration)
+        self.stopped = InFlight(
+            f.attempt, at, f.end, max(f.iteration, r.iteration), max(f.save_seen, _ms_of(r.save))
+        )
+
     def _failed(self, event: Failed) -> None:
         at = self._now(event.at)
         failed = min(max(self._ms(event.failed_at), self.closed), at)
@@ -495,15 +544,15 @@ class Ledger:
             fold["stepSeconds"] = self.step_us / 1e6
         if self.spacing is not None:
             fold["recordSeconds"] = self.spacing / 1000
-        if self.in_flight is not None:
-            f = self.in_flight
-            fold["inFlight"] = {
-                "attempt": f.attempt,
-                "start": f.start / 1000,
-                "end": f.end / 1000,
-                "iteration": f.iteration,
-                "saveSeen": f.save_seen / 1000,
-            }
+        for key, interval in (("inFlight", self.in_flight), ("stopped", self.stopped)):
+            if interval is not None:
+                fold[key] = {
+                    "attempt": interval.attempt,
+                    "start": interval.start / 1000,
+                    "end": interval.end / 1000,
+                    "iteration": interval.iteration,
+                    "saveSeen": interval.save_seen / 1000,
+                }
         out: dict[str, Any] = {
             "since": _stamp(self.origin),
             "asOf": _stamp(self.as_of),
@@ -577,6 +626,7 @@ class Ledger:
         )
         attempt, last, high, trained = (n for n in numbers if n is not None)
         in_flight = _in_flight(fold.get("inFlight"), closed)
+        stopped = _in_flight(fold.get("stopped"), closed)
         return cls(
             origin=origin,
             end=end,
@@ -594,6 +644,7 @@ class Ledger:
             step_us=step_us,
             spacing=spacing,
             in_flight=in_flight,
+            stopped=stopped,
         )
 
 
