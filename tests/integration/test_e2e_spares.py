@@ -49,11 +49,23 @@ def _start_with_the_spare_on_the_operators_node(
     try:
         c.apply(job_doc(name, s), ns)
 
+        moved: list[str] = []
+
         def placed() -> dict[str, str] | None:
             pods = {p["metadata"]["name"]: p for p in pods_of(c, ns, name, 0)}
             nodes = {n: (pods[n].get("spec") or {}).get("nodeName") for n in pods}
             ranks = {f"{name}-a0-0", f"{name}-a0-1"}
-            return {n: str(nodes[n]) for n in ranks} if all(nodes.get(n) for n in ranks) else None
+            if all(nodes.get(n) for n in ranks):
+                return {n: str(nodes[n]) for n in ranks}
+            # With the operator's node cordoned, two nodes are left for three pods, and the
+            # scheduler may bind the spare before a rank (they are created together). The spare
+            # is deleted once: the operator makes it again only once the attempt trains, after
+            # the uncordon below, so it lands on the operator's node.
+            spare = f"{name}-a0-s0"
+            if nodes.get(spare) and not moved:
+                moved.append(spare)
+                c.kubectl("delete", "pod", "-n", ns, spare, "--wait=false")
+            return None
 
         try:
             where = c.wait(placed, 300, 1.0, "the node ranks scheduled off the operator's node")
