@@ -47,7 +47,7 @@ def model_1p3b() -> dict[str, Any]:
         "maxPositionEmbeddings": 4096, "normalization": "RMSNorm", "activation": "swiglu",
         "positionEmbedding": "rope", "ropeTheta": 10000.0, "untieEmbeddingsAndOutputWeights": True,
         "normEpsilon": 1e-5, "attentionDropout": 0.0, "hiddenDropout": 0.0, "addBiasLinear": False,
-        "moe": None, "mla": None,
+        "ropeScaling": None, "moe": None, "mla": None,
     }  # fmt: skip
 
 
@@ -70,7 +70,7 @@ def resolved_config(args: argparse.Namespace, ckpt: Path, smoke: bool) -> dict[s
         "model": model_tiny() if smoke else model_1p3b(),
         "parallelism": {"tensor": 1, "pipeline": 1, "virtualPipeline": None, "context": 1,
                         "expert": 1, "expertTensor": 1, "data": 1, "expertData": 1,
-                        "sequenceParallel": False},
+                        "sequenceParallel": False, "fsdp": False},
         "training": {"globalBatchSize": gbs, "microBatchSize": mbs,
                      "numMicrobatches": gbs // mbs, "trainIters": args.iters, "lr": 3e-4,
                      "minLr": 3e-5, "warmupIters": 2, "lrDecayStyle": "cosine",
@@ -80,11 +80,13 @@ def resolved_config(args: argparse.Namespace, ckpt: Path, smoke: bool) -> dict[s
         "data": {"mock": True, "blend": None, "tokenizer": None, "split": "100,0,0",
                  "numWorkers": 2},
         "checkpoint": {"dir": str(ckpt), "saveInterval": args.save_interval, "async": True,
-                       "keep": 2, "shardingType": "dp_reshardable", "load": False, "init": None},
+                       "keep": 2, "shardingType": "dp_reshardable", "load": False, "init": None,
+                       "memory": None},
         "resources": {"accelerator": "none" if smoke else "nvidia.com/gpu", "nodes": 1,
                       "procsPerNode": 1},
         "progress": {"annotation": "megatron.dev/progress", "minIntervalSeconds": 10},
         "profiling": None,
+        "trainer": None,
     }  # fmt: skip
 
 

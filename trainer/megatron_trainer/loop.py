@@ -733,5 +733,11 @@ class Trainer:
         destroy_num_microbatches_calculator()
         torch.distributed.barrier()
         parallel_state.destroy_model_parallel()
-        torch.distributed.destroy_process_group()
+        if not self.platform.is_cuda:
+            # NCCL's teardown blocked forever after a finished run on an H200 (torch 2.11,
+            # docs/benchmarks.md), so a pod that had saved everything never exited. Megatron-LM's
+            # pretrain never destroys its groups either: every rank has passed the barrier above,
+            # and the worker leaves through os._exit, which frees the communicators with the
+            # process. Gloo's teardown is quick and kept.
+            torch.distributed.destroy_process_group()
         return code

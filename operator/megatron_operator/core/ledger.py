@@ -437,18 +437,23 @@ class Ledger:
         if split is None:
             return  # nothing new (the same record, read again)
         steps, stall, rest, again = split
-        moved = min(rest - again + stall, self.ms.get(Cause.RECOMPUTED, 0))
-        for cause, amount in ((Cause.CHECKPOINT_SAVE, stall), (Cause.PRODUCTIVE, rest - again)):
-            take = min(amount, moved)
-            if take:
-                self.ms[Cause.RECOMPUTED] -= take
-                self.ms[cause] = self.ms.get(cause, 0) + take
-                moved -= take
+        self._move(
+            Cause.RECOMPUTED, (Cause.CHECKPOINT_SAVE, stall), (Cause.PRODUCTIVE, rest - again)
+        )
         self.trained_steps += steps
         self.high = max(self.high, r.iteration)
         self.in_flight = InFlight(
             f.attempt, at, f.end, max(f.iteration, r.iteration), max(f.save_seen, _ms_of(r.save))
         )
+
+    def _move(self, source: Cause, *parts: tuple[Cause, int]) -> None:
+        """Re-attribute seconds already counted to `source`: each part in turn, as much of it
+        as `source` still holds (a cause's seconds never go below zero)."""
+        for target, amount in parts:
+            take = min(max(amount, 0), self.ms.get(source, 0))
+            if take:
+                self.ms[source] -= take
+                self.ms[target] = self.ms.get(target, 0) + take
 
     def _late_stop(self, r: Record) -> None:
         """A record of an attempt that a suspend or requeue stopped, written as it stopped:
@@ -468,16 +473,12 @@ class Ledger:
         rest = dt - stall if steps else 0  # no step finished: it was stopping, not training
         replay = min(max(min(r.iteration, self.high) - f.iteration, 0), steps)
         again = rest * replay // steps if steps else 0
-        parts = (
+        self._move(
+            cause,
             (Cause.CHECKPOINT_SAVE, stall),
             (Cause.RECOMPUTED, again),
             (Cause.PRODUCTIVE, rest - again),
         )
-        for target, amount in parts:
-            take = min(amount, self.ms.get(cause, 0))
-            if take > 0:
-                self.ms[cause] -= take
-                self.ms[target] = self.ms.get(target, 0) + take
         self.trained_steps += steps
         self.high = max(self.high, r.iteration)
         self.stopped = InFlight(
