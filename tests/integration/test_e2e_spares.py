@@ -73,12 +73,18 @@ def _start_with_the_spare_on_the_operators_node(
             raise AssertionError(f"{err}\n{_placement(c, ns, name)}") from None
     finally:
         c.kubectl("uncordon", OPERATOR_NODE)
-    c.wait(
-        lambda: job_status(c, ns, name).get("readySpares") == 1,
-        300,
-        1.0,
-        "the spare Running and its launcher connected",
-    )
+    try:
+        c.wait(
+            lambda: job_status(c, ns, name).get("readySpares") == 1,
+            300,
+            1.0,
+            "the spare Running and its launcher connected",
+        )
+    except AssertionError as err:
+        events = c.kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp")
+        raise AssertionError(
+            f"{err}\n{_placement(c, ns, name)}\nstatus: {job_status(c, ns, name)}\n{events}"
+        ) from None
     spare = next(p for p in pods_of(c, ns, name, 0) if p["metadata"]["name"] == f"{name}-a0-s0")
     assert spare["spec"]["nodeName"] == OPERATOR_NODE, spare["spec"]
     return {n.rsplit("-", 1)[-1]: node for n, node in where.items()}
