@@ -79,7 +79,7 @@ def _start_with_the_spare_on_the_operators_node(
         st = job_status(c, ns, name)
         if st.get("phase") in ("Succeeded", "Failed"):
             raise AssertionError(f"{name} ended before its spare was ready")
-        return st.get("readySpares") == 1
+        return bool(st.get("readySpares") == 1)
 
     try:
         c.wait(
