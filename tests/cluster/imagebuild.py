@@ -65,6 +65,12 @@ def cache_dir() -> Path:
 
 def require_tools(*names: str) -> None:
     """Install the Debian packages of these commands if they are missing (as root)."""
+    # hostpkgs.py lies beside this file. The `cluster` driver runs with this folder on sys.path;
+    # a test that imported this module may have taken it off again, and only a machine without
+    # the cached Python roots comes here (a cold run), so say where it is.
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
     import hostpkgs
 
     hostpkgs.ensure({name: name for name in names})

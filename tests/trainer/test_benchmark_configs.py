@@ -17,14 +17,16 @@ from megatron_contract.config import ConfigError, parse_config
 
 pytestmark = pytest.mark.trainer
 
+# The throughput script's own defaults (its argparse).
+ARGS = argparse.Namespace(iters=40, warmup=10, save_interval=15, global_batch_size=16,
+                          micro_batch_size=1, recompute="none")  # fmt: skip
+
 
 @pytest.mark.parametrize("smoke", [False, True], ids=["gpu", "smoke"])
 def test_the_throughput_benchmark_writes_a_config_the_trainer_accepts(
     tmp_path: Path, smoke: bool
 ) -> None:
-    args = argparse.Namespace(iters=40, warmup=10, save_interval=15, global_batch_size=16,
-                              micro_batch_size=1, recompute="none")  # fmt: skip
-    cfg = parse_config(trainer_throughput.resolved_config(args, tmp_path / "ckpt", smoke))
+    cfg = parse_config(trainer_throughput.resolved_config(ARGS, tmp_path / "ckpt", smoke))
     assert cfg.model.num_layers == (4 if smoke else 24)
     assert cfg.platform == ("cpu" if smoke else "cuda")
 
@@ -40,9 +42,7 @@ def test_the_memory_tiers_benchmark_writes_a_config_the_trainer_accepts(
 
 def test_a_missing_field_is_refused() -> None:
     """The check above can fail: the contract refuses a config without a required section."""
-    args = argparse.Namespace(iters=40, warmup=10, save_interval=15, global_batch_size=16,
-                              micro_batch_size=1, recompute="none")  # fmt: skip
-    data = trainer_throughput.resolved_config(args, Path("/tmp/x"), smoke=False)
+    data = trainer_throughput.resolved_config(ARGS, Path("/tmp/x"), smoke=False)
     del data["checkpoint"]["memory"]
     with pytest.raises(ConfigError, match=r"checkpoint\.memory"):
         parse_config(data)
