@@ -38,6 +38,9 @@ class Sim:
     # The platform's defaults the shell would look up (core/defaults.py): only while the job has
     # recorded none and not started, as the shell passes them.
     defaults: tuple[Layer, ...] | None = None
+    # The shell's progress rate limit (World.progress_not_before): no copy of the Lease's record
+    # into status.progress before it.
+    progress_hold: datetime | None = None
 
     @classmethod
     def of_spec(cls, spec: dict[str, Any]) -> Sim:
@@ -67,6 +70,7 @@ class Sim:
             not_ready_nodes=dict(self.not_ready),
             lease=lease_view(copy.deepcopy(self.lease)),
             defaults=self._defaults(),
+            progress_not_before=self.progress_hold,
         )
 
     def _defaults(self) -> tuple[Layer, ...] | None:

@@ -5,6 +5,7 @@ and the launchers' coordinator)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -199,6 +200,21 @@ def test_a_lost_spare_is_made_again_without_a_restart() -> None:
     sim.finish_deletions()
     sim.report_progress(3)
     assert [p["metadata"]["name"] for p in sim.step().create_pods] == ["job-a0-s0"]
+
+
+def test_a_lost_spare_is_made_again_once_the_lease_shows_a_step_before_its_copy() -> None:
+    # Attempt 0's records reach status.progress at most once per rate-limit window: a short
+    # job would end before its first copy, its spare never made again.
+    sim = _sim()
+    sim.start_running()
+    sim.fail("job-a0-s0", exit_code=137)
+    sim.step()
+    sim.finish_deletions()
+    assert sim.step().create_pods == []  # nothing trains yet
+    sim.progress_hold = sim.now + timedelta(seconds=60)
+    sim.report_progress(1)
+    assert [p["metadata"]["name"] for p in sim.step().create_pods] == ["job-a0-s0"]
+    assert "progress" not in sim.status  # not copied yet: the Lease said it
 
 
 def test_a_swapped_rank_lost_again_without_a_spare_goes_onto_a_pod_made_for_it() -> None:

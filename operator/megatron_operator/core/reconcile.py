@@ -629,7 +629,9 @@ class _Machine:
         settled = since is not None and self.now >= since + timedelta(
             seconds=spares.REPLENISH_AFTER_SECONDS
         )
-        if not (self.stepped() or settled):
+        # The Lease, not status.progress: attempt 0's records are copied at most once per
+        # rate-limit window, and a short job could end before its first copy.
+        if not (self.stepped() or self.lease() is not None or settled):
             if since is not None:
                 self.deadlines.append(since + timedelta(seconds=spares.REPLENISH_AFTER_SECONDS))
             return
