@@ -29,6 +29,8 @@ MAIN = (
     "import sys\n"
     "if sys.version_info < (3, 8):\n"
     '    sys.exit("megatron launcher: Python 3.8 or newer is needed, this is " + sys.version)\n'
+    "from megatron_trainer.early_signals import catch\n"
+    "catch()\n"
     "from megatron_trainer.launcher import main\n"
     "sys.exit(main())\n"
 )

@@ -51,6 +51,7 @@ def _start_with_the_spare_on_the_operators_node(
         c.apply(job_doc(name, s), ns)
 
         moved: list[str] = []
+        deleted: list[float] = []
 
         def placed() -> dict[str, str] | None:
             pods = {p["metadata"]["name"]: p for p in pods_of(c, ns, name, 0)}
@@ -66,6 +67,7 @@ def _start_with_the_spare_on_the_operators_node(
             if nodes.get(spare) and not moved:
                 moved.append(spare)
                 c.kubectl("delete", "pod", "-n", ns, spare, "--wait=false")
+                deleted.append(time.time())
             return None
 
         try:
@@ -89,7 +91,9 @@ def _start_with_the_spare_on_the_operators_node(
             "the spare Running and its launcher connected",
         )
     except AssertionError as err:
-        raise AssertionError(f"{err}\n{_diagnosis(c, ns, name)}") from None
+        raise AssertionError(
+            f"{err}\n{_diagnosis(c, ns, name)}\nspare deleted at {deleted}"
+        ) from None
     spare = next(p for p in pods_of(c, ns, name, 0) if p["metadata"]["name"] == f"{name}-a0-s0")
     assert spare["spec"]["nodeName"] == OPERATOR_NODE, spare["spec"]
     return {n.rsplit("-", 1)[-1]: node for n, node in where.items()}

@@ -157,3 +157,31 @@ def test_termination_message_only_where_the_kubelet_made_the_file(tmp_path: Path
     assert write_termination_message("x" * 5000 + "the reason", str(log))
     text = log.read_text()
     assert text.endswith("the reason") and len(text) == 1024
+
+
+# As its container's PID 1 (a new PID namespace), the launcher's first lines note a SIGTERM that
+# comes before its handlers exist (early_signals.py); the kernel drops it otherwise, and the pod
+# waits out its termination grace period. The control shows the drop.
+PID1 = """
+import os, signal, sys, time
+if sys.argv[1] == "launcher":
+    import megatron_trainer.__main__  # its first lines, then the launcher's imports
+os.kill(1, signal.SIGTERM)  # to this process, PID 1 of its namespace
+time.sleep(0.2)
+from megatron_trainer import early_signals
+got = []
+early_signals.replay(lambda signum, frame: got.append(signum))
+print(got)
+"""
+
+
+@pytest.mark.parametrize(("start", "noted"), [("launcher", "[15]"), ("control", "[]")])
+def test_a_stop_before_the_handlers_is_not_dropped_as_pid_1(start: str, noted: str) -> None:
+    proc = subprocess.run(
+        ["unshare", "--pid", "--fork", sys.executable, "-c", PID1, start],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == noted, proc.stdout + proc.stderr

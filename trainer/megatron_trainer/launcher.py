@@ -44,7 +44,7 @@ from megatron_contract.expansion import expand_all
 from megatron_contract.ladder import IN_PLACE
 from megatron_contract.paths import TERMINATION_LOG, TERMINATION_MESSAGE_MAX
 
-from . import profilers
+from . import early_signals, profilers
 from .agent.output import RankOutput
 from .agent.procs import (
     _PR_SET_CHILD_SUBREAPER,
@@ -138,6 +138,7 @@ class Supervisor:
         # end this process by the default action with its ranks still running.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._forward)
+        early_signals.replay(self._forward)
         for local_rank in range(self.env.nproc_per_node):
             env = rank_env(os.environ, self.env, local_rank, self.cpu, self.parallel)
             plain = self.argv(env)
@@ -440,6 +441,7 @@ def _idle_spare(env: RuntimeEnv) -> int:
     stopped: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stopped.append(signum))
+    early_signals.replay(lambda signum, frame: stopped.append(signum))
     while not stopped:
         signal.pause()
     return int(ExitCode.SIGTERM)

@@ -17,6 +17,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from megatron_contract.env import RuntimeEnv
+from megatron_trainer import early_signals
 
 from .agent import Agent
 from .coordinator import Coordinator
@@ -197,6 +198,7 @@ def run(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
+    early_signals.replay(stop)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # only to wake the loop
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     try:
