@@ -13,6 +13,7 @@ from megatron_operator.cluster import controller as ctl
 from megatron_operator.cluster.controller import EXPECT_SECONDS, Controller
 from megatron_operator.cluster.kube import Kube
 from megatron_operator.cluster.metrics import Metrics
+from megatron_operator.core.observe import pod_view
 from megatron_operator.core.planner import plan
 from megatron_operator.core.reconcile import Outcome
 from megatron_operator.core.render import Pods
@@ -91,3 +92,21 @@ def test_expectations_are_kept_per_job() -> None:
     c._apply(other, _outcome())  # the same pod names in another job's table: not held back
     assert [k for k, _ in kube.calls] == ["delete", "force", "children", "create"]
     assert set(c.expected) == {("team", "job"), ("team", "other")}
+
+
+def test_a_create_the_cache_has_shown_is_met_and_made_again_once_gone() -> None:
+    # A spare deleted as it started: seen, then gone within EXPECT_SECONDS. It is made again
+    # at once, not after the expectation runs out; while the cache shows only the older pod of
+    # that name (deleting), the create stays expected.
+    kube = FakeKube()
+    c = Controller(cast(Kube, kube), Metrics())
+    c._apply(dict(JOB), _outcome())
+    expect = c.expected[("team", "job")]
+    old = pod_view({"metadata": {"name": "job-a1-0", "deletionTimestamp": "2026-11-28T10:00:00Z"}})
+    expect.seen([old])
+    assert "job-a1-0" in expect.created
+    expect.seen([pod_view({"metadata": {"name": "job-a1-0"}})])
+    assert "job-a1-0" not in expect.created
+    kube.calls.clear()
+    c._apply(dict(JOB), _outcome())
+    assert ("create", ("job-a1-0",)) in kube.calls

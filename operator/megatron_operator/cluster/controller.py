@@ -75,6 +75,14 @@ class Expectations:
         clock = time.monotonic()
         self.created.update({n: clock for n in names})
 
+    def seen(self, pods: Iterable[PodView]) -> None:
+        """The cache shows these pods: our creates of them are met. Kept, a create of a pod
+        seen and then gone again (a spare deleted as it started) would wait out EXPECT_SECONDS
+        before its pod is made again. One still deleting is an older pod of that name."""
+        for x in pods:
+            if not x.deleting:
+                self.created.pop(x.name, None)
+
 
 class Controller:
     def __init__(
@@ -298,6 +306,9 @@ class Controller:
         if manager_of_job(job) is not Manager.OPERATOR:
             return self._run_elsewhere(job)
         pods = self._pods(namespace, name)
+        expect = self.expected.get((namespace, name))
+        if expect is not None:
+            expect.seen(pods)
         raw_status = job.get("status")
         status: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
         # The accepted spec lives in the ConfigMap, which exists once an attempt was launched.
