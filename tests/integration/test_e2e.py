@@ -129,7 +129,7 @@ class Rank0Logs:
         self.losses: dict[int, float] = {}
         self.records: list[dict[str, Any]] = []
         self.lines: list[str] = []
-        self.followed: set[str] = set()
+        self.followed: set[str] = set()  # pod uids
         self.procs: list[subprocess.Popen[str]] = []
         self.threads: list[threading.Thread] = []
         self.stop = threading.Event()
@@ -158,8 +158,10 @@ class Rank0Logs:
                         or "terminated" in (cs.get("state") or {})
                         for cs in pod.get("status", {}).get("containerStatuses") or []
                     )
-                    if started and name not in self.followed:
-                        self.followed.add(name)
+                    # By uid: a pod deleted and made again under its name (a spare) is new.
+                    uid = pod["metadata"]["uid"]
+                    if started and uid not in self.followed:
+                        self.followed.add(uid)
                         t = threading.Thread(target=self._follow, args=(name,), daemon=True)
                         self.threads.append(t)
                         t.start()
