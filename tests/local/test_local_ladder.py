@@ -89,7 +89,9 @@ def test_a_killed_rank_restarts_in_place(clean: dict[str, Any], tmp_path: Path) 
     # injector's log): the kills' recomputed work, and the hang's wait from the gang's last
     # record to the Hang restart's kill of the stopped rank (tests/goodput_truth.py).
     figures = check_ledger(tmp_path)
-    assert HANG_TIMEOUT <= figures["hangDetection"] <= HANG_TIMEOUT + 3, figures
+    # The hang rule counts from the heartbeat, the record's time in whole seconds: up to 1 s
+    # before the record itself.
+    assert HANG_TIMEOUT - 1 <= figures["hangDetection"] <= HANG_TIMEOUT + 3, figures
     # No process group was replaced: every "pod" log is attempt 0's, and it goes on.
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["attempt-0"]
     pod1 = (tmp_path / "logs" / "attempt-0" / "cpu-tiny-a0-1.log").read_text()
