@@ -303,14 +303,29 @@ def run_operator(
     return out
 
 
-def peer_checkout(ref: str) -> str:
-    """The operator package of git revision `ref`, in a temporary directory."""
+def peer_checkout(ref: str) -> Path:
+    """The operator package and the CRDs of git revision `ref`, in a temporary directory."""
     tmp = tempfile.mkdtemp(prefix="many-jobs-peer-")
     archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", ref, "operator"], capture_output=True, check=True
+        ["git", "-C", str(REPO), "archive", ref, "operator", "crds"],
+        capture_output=True,
+        check=True,
     )
     subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-    return str(Path(tmp) / "operator")
+    return Path(tmp)
+
+
+def apply_crd(c: Cluster, root: Path) -> None:
+    c.kubectl(
+        "apply", "--server-side", "--force-conflicts",
+        "-f", str(root / "crds" / "megatronjobs.megatron.dev.yaml"),
+    )  # fmt: skip
+    for _ in range(60):  # `kubectl wait` fails while the CRD has no conditions yet
+        try:
+            c.kubectl("wait", "--for=condition=Established", "crd/megatronjobs.megatron.dev")
+            return
+        except RuntimeError:
+            time.sleep(1)
 
 
 def main() -> int:
@@ -353,16 +368,7 @@ def main() -> int:
     }
     try:
         c = Cluster(state)
-        c.kubectl(
-            "apply", "--server-side", "--force-conflicts",
-            "-f", str(REPO / "crds" / "megatronjobs.megatron.dev.yaml"),
-        )  # fmt: skip
-        for _ in range(60):  # `kubectl wait` fails while the CRD has no conditions yet
-            try:
-                c.kubectl("wait", "--for=condition=Established", "crd/megatronjobs.megatron.dev")
-                break
-            except RuntimeError:
-                time.sleep(1)
+        apply_crd(c, REPO)
         started = time.monotonic()
         running = create_jobs(c, args.jobs, args.terminal, args.body_kb, args.pods)
         sample = c.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, running[0])
@@ -375,10 +381,13 @@ def main() -> int:
         )
         results["ours"] = run_operator(c, "this operator", logs / "ours.log", running, args, None)
         if args.peer:
-            path = peer_checkout(args.peer)
+            peer = peer_checkout(args.peer)
+            path = str(peer / "operator")
             # Fresh jobs for the peer: an operator of another revision may not take the pods
-            # this one made as its own (it would delete them and start over).
+            # this one made as its own (it would delete them and start over). Under its own
+            # CRD: today's defaults fields it does not know, and it would refuse every job.
             c.kubectl("delete", "namespace", NS, "--wait=true", "--timeout=600s")
+            apply_crd(c, peer)
             running = create_jobs(c, args.jobs, args.terminal, args.body_kb, args.pods)
             results["peer"] = run_operator(
                 c, f"peer {args.peer}", logs / "peer.log", running, args, path

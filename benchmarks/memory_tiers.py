@@ -43,18 +43,22 @@ from megatron_contract.ports import free_port  # noqa: E402 - after the path twe
 
 SNAPSHOT_LINE = re.compile(
     r"snapshots: (\d+) written, median ([\d.]+)s each, (\d+) bytes of this rank's state, "
-    r"(\d+) bytes in this rank's memory directory"
+    r"(\d+) bytes in this rank's memory directory, median ([\d.]+)s each to write"
 )
 
 
-def config(workdir: Path, iters: int, gpu: bool, durable: Path) -> dict[str, Any]:
+def config(
+    workdir: Path, iters: int, gpu: bool, durable: Path, memory: bool = True
+) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from tests.trainer.trainer_configs import tiny_config
 
     cfg = tiny_config(durable, dp=1 if gpu else 2, nodes=1 if gpu else 2, save_interval=10_000)
     cfg["training"]["trainIters"] = iters
     cfg["job"]["uid"] = "memory-tiers-benchmark"
-    cfg["checkpoint"]["memory"] = {"dir": str(workdir / "unused"), "interval": 1, "replica": True}
+    if memory:
+        cfg["checkpoint"]["memory"] = {"dir": str(workdir / "unused"), "interval": 1,
+                                       "replica": True}  # fmt: skip
     if gpu:
         from benchmarks.trainer_throughput import model_1p3b
 
@@ -100,6 +104,13 @@ def run(cfg: dict[str, Any], workdir: Path, name: str) -> list[list[str]]:
 
 def progress(lines: list[str]) -> list[dict[str, Any]]:
     return [json.loads(x.split(" ", 1)[1]) for x in lines if x.startswith("MEGATRON_PROGRESS ")]
+
+
+def per_step(records: list[dict[str, Any]]) -> float:
+    """Wall seconds per step over these records (rank 0's own clock)."""
+    first, last = records[0], records[-1]
+    seconds = float(last["clock"]["now"]) - float(first["clock"]["now"])
+    return seconds / (int(last["iteration"]) - int(first["iteration"]))
 
 
 def estimate(cfg: dict[str, Any]) -> int | None:
@@ -151,7 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     found = [m for m in map(SNAPSHOT_LINE.search, pods[0]) if m]
     if not found:
         raise SystemExit("the trainer logged no snapshot summary")
-    count, stall, state_bytes, held = found[-1].groups()
+    count, stall, state_bytes, held, write = found[-1].groups()
+    # The cost beside the stall: the writer thread shares the cores with training. The same
+    # job without the tiers, its wall time per step against this one's.
+    plain = config(workdir, args.iters, args.gpu, workdir / "durable-plain", memory=False)
+    wall, wall_plain = (
+        per_step([r for r in progress(lines) if r["iteration"] > args.warmup])
+        for lines in (pods[0], run(plain, workdir, "plain")[0])
+    )
     pod_bytes = sum(p.stat().st_size for p in (workdir / "memory" / "pod-0").rglob("*.pt"))
 
     restores = {}
@@ -173,7 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         f"; {datetime.now(UTC):%Y-%m-%d}, {device}, load average {load:.1f}\n"
         f"step (median):              {step * 1000:.1f} ms\n"
         f"snapshot stall (median):    {float(stall) * 1000:.2f} ms = {overhead:.2%} of the step "
-        f"({count} snapshots)\n"
+        f"({count} snapshots; each written in {float(write) * 1000:.2f} ms beside the next "
+        "step)\n"
+        f"wall time per step:         {wall * 1000:.1f} ms with the tiers, "
+        f"{wall_plain * 1000:.1f} ms without ({wall / wall_plain - 1:+.1%})\n"
         f"bytes per step, per rank:   {int(state_bytes):,} (its state; the same again to its "
         "peer)\n"
         f"memory held, per pod:       {pod_bytes:,} bytes now ({int(held):,} in rank 0's "

@@ -16,6 +16,7 @@ agree.
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,14 +145,26 @@ def check_ledger(
     """A local run's ledger (summary.json) against the truth, and its wall time against the
     runner's own stopwatch. `spread`: how late after `kills` the runner may have seen them."""
     summary = json.loads((workdir / "summary.json").read_text())
-    if kills is None:
-        kills = [i["diedAt"] or i["at"] for i in summary["injections"]]
-        # A death is seen by polling (a killed rank is not the runner's child): the failure
-        # happened somewhere between the signal and that sighting.
-        spread = sum((i["diedAt"] or i["at"]) - i["at"] for i in summary["injections"])
     lines = (workdir / "progress.jsonl").read_text().splitlines()
     records = [json.loads(x) for x in lines if x.strip()]
+    # A hang (SIGSTOP): from the gang's last record before it to the stopped rank's death (the
+    # Hang restart's kill), the ledger's hangDetection; the in-flight work is in it, so it is not
+    # a kill's recomputed work.
+    hangs = [i for i in summary["injections"] if i["signal"] == signal.SIGSTOP]
+    if kills is None:
+        died = [i for i in summary["injections"] if i not in hangs]
+        kills = [i["diedAt"] or i["at"] for i in died]
+        # A death is seen by polling (a killed rank is not the runner's child): the failure
+        # happened somewhere between the signal and that sighting.
+        spread = sum((i["diedAt"] or i["at"]) - i["at"] for i in died)
     figures = compare(summary["ledger"], records, kills, kill_spread=spread)
+    if hangs:
+        times = [r["clock"]["now"] for r in records if isinstance(r.get("clock"), dict)]
+        waited = sum(i["diedAt"] - max(t for t in times if t <= i["at"]) for i in hangs)
+        figures["hangDetection"] = summary["ledger"]["seconds"].get("hangDetection", 0.0)
+        figures["true hangDetection"] = waited
+        # The decision comes one poll (0.1 s) after the deadline, the kill one stop after that.
+        assert 0 <= waited - figures["hangDetection"] <= 1.0 + 0.5 * len(hangs), figures
     figures["elapsed"] = summary["elapsedSeconds"]
     # The wall time itself: from the run's start to its end, within the runner's own stopwatch.
     assert figures["elapsed"] - 5 <= figures["wall"] <= figures["elapsed"] + 0.1, figures

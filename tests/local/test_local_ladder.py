@@ -47,6 +47,9 @@ IN_PLACE_KILLS = 6  # in test_a_killed_rank_restarts_in_place
 # In test_a_killed_launcher_process_is_replaced_alone: the test's own kill of a launcher, then
 # these, then the pod of node rank 0 (a recreate).
 POD_KILLS, RANK_KILLS = 3, 2
+# restartPolicy.hangTimeoutSeconds in test_a_killed_rank_restarts_in_place: above an in-place
+# restart's time to the next step under load, so that only the injected hang trips it.
+HANG_TIMEOUT = 8
 
 
 def run(workdir: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
@@ -66,15 +69,32 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_a_killed_rank_restarts_in_place(clean: dict[str, Any], tmp_path: Path) -> None:
     steps = sorted(random.Random(SEED).sample(range(2, ITERS), IN_PLACE_KILLS))
     kills = [f"{step}:{i % 2}" for i, step in enumerate(steps)]
-    code, s, out = run(tmp_path, *(a for k in kills for a in ("--inject-failure", k)))
+    # And a hang: rank 1 stopped (SIGSTOP) after a step between two kills, so rank 0 waits in
+    # the next step's collective and no record comes; the hang rule restarts the gang in place.
+    hang = next(step for step in range(steps[2] + 1, ITERS) if step not in steps)
+    failures = [*kills, f"{hang}:1:STOP"]
+    code, s, out = run(
+        tmp_path,
+        *(a for k in failures for a in ("--inject-failure", k)),
+        "--set",
+        f"restartPolicy.hangTimeoutSeconds={HANG_TIMEOUT}",
+    )
     assert code == 0, out[-3000:]
-    assert s["restarts"] == IN_PLACE_KILLS and s["losses"] == clean["losses"]
+    assert s["restarts"] == len(failures) and s["losses"] == clean["losses"]
+    assert f"SIGSTOP to rank 1 at step {hang}" in out
     # From memory every time: the pod's own, or, where the kill landed in a snapshot's write
     # after its copies were exchanged, the copy in the other pod (the same step).
-    check_tiers(tmp_path, [("Memory", "Peer")] * IN_PLACE_KILLS)
+    check_tiers(tmp_path, [("Memory", "Peer")] * len(failures))
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["lastFailure"]["rung"] == "InPlace", status["lastFailure"]
-    assert status["gangAttempt"] == 0 and status["restartAttempt"] == IN_PLACE_KILLS
+    assert status["gangAttempt"] == 0 and status["restartAttempt"] == len(failures)
+    # The goodput ledger against the true timeline (the trainer's step records and the
+    # injector's log): the kills' recomputed work, and the hang's wait from the gang's last
+    # record to the Hang restart's kill of the stopped rank (tests/goodput_truth.py).
+    figures = check_ledger(tmp_path)
+    # The hang rule counts from the heartbeat, the record's time in whole seconds: up to 1 s
+    # before the record itself.
+    assert HANG_TIMEOUT - 1 <= figures["hangDetection"] <= HANG_TIMEOUT + 3, figures
     # No process group was replaced: every "pod" log is attempt 0's, and it goes on.
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["attempt-0"]
     pod1 = (tmp_path / "logs" / "attempt-0" / "cpu-tiny-a0-1.log").read_text()

@@ -578,6 +578,10 @@ class Trainer:
             self.iteration += 1
             self.profiler.before_step(self.iteration)
             step = self.train_step()
+            if self.snapshots is not None:
+                # The previous step's snapshot, written while this one trained, is complete on
+                # every rank before this step is recorded (Snapshots.wait).
+                self.save_seconds += self.snapshots.wait()
             self.consumed_samples += gbs
             self.profiler.after_step(self.iteration)
             tokens_per_s = gbs * seq / step.seconds
@@ -632,8 +636,10 @@ class Trainer:
                     self.scheduler,
                     step.loss,
                 )
+                built = time.monotonic()
                 self.snapshots.save(self.iteration, state)
-                self.snapshots.seconds.append(time.monotonic() - snapping)
+                # The state dict's own time, before the host copy that save() counts.
+                self.snapshots.seconds[-1] += built - snapping
             self.save_seconds += time.monotonic() - saving
             if self.checkpointer.newest != last_ckpt_reported:
                 last_ckpt_reported = self.checkpointer.newest
@@ -715,15 +721,19 @@ class Trainer:
         )
 
     def _finish(self, code: int) -> int:
+        if self.snapshots is not None:
+            self.snapshots.wait()
         if self.snapshots is not None and self.snapshots.seconds:
             # What the tiers cost this attempt (benchmarks/memory_tiers.py reads this line).
             self._log_rank0(
                 "snapshots: %d written, median %.4fs each, %d bytes of this rank's state, "
-                "%d bytes in this rank's memory directory",
+                "%d bytes in this rank's memory directory, median %.4fs each to write beside "
+                "the next step",
                 len(self.snapshots.seconds),
                 statistics.median(self.snapshots.seconds),
                 self.snapshots.bytes,
                 self.snapshots.held_bytes(),
+                statistics.median(self.snapshots.writes or [0.0]),
             )
         self.checkpointer.finalize(blocking=True)
         self.checkpointer.close()

@@ -23,13 +23,18 @@ Where nvidia-resiliency-ext 0.4.1 needs CUDA, and what runs instead:
   an odd number of pods cannot be paired). `RingReplication` keeps its interface, ids and
   retrieval, and sends each rank's state to one peer pod, for any number of pods;
 - `GroupWrapper.isend_state_dict`/`irecv_state_dict` (the retrieval after a pod was replaced)
-  stage every tensor with `.cuda()`: `HostGroup` sends host tensors as they are over gloo and
-  keeps their CUDA staging over NCCL;
+  stage every tensor with `.cuda()`: `HostGroup` sends host tensors as they are over gloo (the
+  snapshots have a gloo group of their own, on CUDA too);
 - `MCoreTensorAwareStateDict`'s `fully_parallel` algorithm (Megatron-LM's default, each DP rank
   keeping a share of the replicated weights) exchanges the shards at load with `.cuda()`
   tensors (exchange_utils.py): the CPU platform uses `atomic`, each rank keeping all it holds;
-- `BaseCheckpointManager.save(is_async=True)` waits with `torch.cuda.synchronize()`: snapshots
-  are written synchronously here (to memory; the benchmark measures the stall).
+- `BaseCheckpointManager.save(is_async=True)` waits with `torch.cuda.synchronize()` and leaves
+  the copy to the peer inside the step, and its AsyncRequest needs Megatron-LM's async queue. A
+  snapshot here stalls training only for its state dict and the copy of its tensors into host
+  memory; a thread then sends the copy to the peer, writes the file, and checks with every rank
+  that the step is complete (`PodMemory.write`, their save's steps on the snapshots' own group),
+  while the next step trains. That step's record waits for it, so a failure loses at most one
+  step (the benchmark measures the stall).
 The file format and the semantics (ids, completeness, cleanup, retrieval) are theirs.
 """
 
@@ -39,6 +44,7 @@ import logging
 import os
 import pickle
 import re
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,10 +109,10 @@ class RingReplication(CliqueReplicationStrategy):  # type: ignore[misc]
     number of pods); retrieval is nvidia-resiliency-ext's (`retrieve_plan`: a rank missing its
     file gets it from a rank that holds it), over the whole world."""
 
-    def __init__(self, procs_per_node: int, world_size: int, comm_device: str) -> None:
-        super().__init__(HostGroup(None), target_device="cpu")
+    def __init__(self, procs_per_node: int, world_size: int, group: Any) -> None:
+        super().__init__(HostGroup(group), target_device="cpu")
         self.procs_per_node, self.world_size = procs_per_node, world_size
-        self.comm_device = comm_device
+        self.group = group
         self.sent_bytes = 0
 
     def replicate(self, local_ckpt: Any, id_: Any) -> tuple[list[Any], list[Any]]:
@@ -118,19 +124,16 @@ class RingReplication(CliqueReplicationStrategy):  # type: ignore[misc]
         local_ckpt.insert_tensors(tensors)
         # The hollow state dict's pickle, then every tensor's bytes in one host buffer.
         flat = _flatten(tensors)
-        dev = self.comm_device
-        sizes = torch.tensor([len(body), flat.numel()], dtype=torch.int64, device=dev)
+        group = self.group
+        sizes = torch.tensor([len(body), flat.numel()], dtype=torch.int64)
         their_sizes = torch.empty_like(sizes)
-        _exchange([(sizes, target)], [(their_sizes, source)])
+        _exchange([(sizes, target)], [(their_sizes, source)], group)
         their_body_len, their_flat_len = (int(x) for x in their_sizes.tolist())
-        their_body = _transfer(
-            torch.frombuffer(bytearray(body), dtype=torch.uint8),
-            their_body_len,
-            target,
-            source,
-            dev,
-        )
-        their_flat = _transfer(flat, their_flat_len, target, source, dev)
+        their_body = torch.empty(their_body_len, dtype=torch.uint8)
+        mine = torch.frombuffer(bytearray(body), dtype=torch.uint8)
+        _exchange([(mine, target)], [(their_body, source)], group)
+        their_flat = torch.empty(their_flat_len, dtype=torch.uint8)
+        _exchange([(flat, target)], [(their_flat, source)], group)
         peer, peer_id = pickle.loads(their_body.numpy().tobytes())
         # The copy is kept in host memory (as the manager stages its own snapshot), marked with
         # the device it came from so that a load puts it back there.
@@ -146,38 +149,12 @@ class RingReplication(CliqueReplicationStrategy):  # type: ignore[misc]
         return [local_ckpt, peer], [id_, peer_id]
 
 
-# Over NCCL the bytes are staged on the GPU this much at a time: a copy of a rank's whole state
-# on its GPU would take the memory training needs.
-CHUNK_BYTES = 256 * 1024**2
-
-
 def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
     """Every tensor's bytes, in order, in one host buffer."""
     if not tensors:
         return torch.empty(0, dtype=torch.uint8)
     parts = [t.detach().contiguous().reshape(-1).view(torch.uint8).cpu() for t in tensors]
     return torch.cat(parts)
-
-
-def _transfer(
-    mine: torch.Tensor, theirs: int, target: int, source: int, device: str
-) -> torch.Tensor:
-    """Send the host buffer `mine` to `target` while receiving `theirs` bytes from `source`;
-    gloo sends host memory as it is, NCCL through device buffers of CHUNK_BYTES."""
-    received = torch.empty(theirs, dtype=torch.uint8)
-    if device == "cpu":
-        _exchange([(mine, target)], [(received, source)])
-        return received
-    for start in range(0, max(mine.numel(), theirs), CHUNK_BYTES):
-        send = mine[start : start + CHUNK_BYTES].to(device)
-        recv = torch.empty(
-            max(min(CHUNK_BYTES, theirs - start), 0), dtype=torch.uint8, device=device
-        )
-        _exchange(
-            [(send, target)] if send.numel() else [], [(recv, source)] if recv.numel() else []
-        )
-        received[start : start + recv.numel()].copy_(recv.cpu())
-    return received
 
 
 def _unflatten(flat: torch.Tensor, into: list[torch.Tensor]) -> None:
@@ -190,20 +167,73 @@ def _unflatten(flat: torch.Tensor, into: list[torch.Tensor]) -> None:
         raise ValueError(f"a peer's snapshot has {flat.numel()} bytes, its layout {offset}")
 
 
-def _exchange(sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> None:
+def _exchange(
+    sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]], group: Any
+) -> None:
     if not sends and not recvs:
         return
-    ops = [torch.distributed.P2POp(torch.distributed.isend, t, peer) for t, peer in sends]
-    ops += [torch.distributed.P2POp(torch.distributed.irecv, t, peer) for t, peer in recvs]
+    ops = [torch.distributed.P2POp(torch.distributed.isend, t, peer, group) for t, peer in sends]
+    ops += [torch.distributed.P2POp(torch.distributed.irecv, t, peer, group) for t, peer in recvs]
     for work in torch.distributed.batch_isend_irecv(ops):
         work.wait()
 
 
 class PodMemory(LocalCheckpointManager):  # type: ignore[misc]
-    """LocalCheckpointManager whose failed write (a full memory volume) fails the snapshot on
-    every rank alike instead of ending this rank: the manager's check that follows finds the
-    step incomplete everywhere and raises CheckpointingException on every rank, which
-    `Snapshots.save` logs. Training goes on with the previous snapshot."""
+    """LocalCheckpointManager on the snapshots' own process group, whose failed write (a full
+    memory volume) fails the snapshot on every rank alike instead of ending this rank: the
+    manager's check that follows finds the step incomplete everywhere and raises
+    CheckpointingException on every rank, which `Snapshots` logs. Training goes on with the
+    previous snapshot."""
+
+    latest_iteration: int  # the base class's cache of find_latest (-1: none)
+
+    def __init__(self, root: str, session_id: str, repl_strategy: Any, group: Any) -> None:
+        super().__init__(root, session_id=session_id, repl_strategy=repl_strategy)
+        self.group = group
+
+    def find_latest(self) -> int:
+        """BaseCheckpointManager.find_latest on `group` (theirs gathers on the default group,
+        which training's collectives use at the same time from the main thread)."""
+        if self.latest_iteration != -1:
+            return self.latest_iteration
+        wrapper = GroupWrapper(self.group)
+        ids = list(self._my_ckpt_ids())
+        if self.repl_strategy is None:  # no copies: only this rank's own files count
+            ids = [id_ for id_ in ids if id_[1] == self.rank]
+        self.globally_available_ids = wrapper.all_gather_object(ids)
+        coverage: dict[int, set[int]] = {}
+        for held in self.globally_available_ids:
+            for iteration, rank, session in held:
+                assert session == self.session_id
+                coverage.setdefault(iteration, set()).add(rank)
+        everyone = set(wrapper.ranks)
+        newest = max((i for i, ranks in coverage.items() if ranks == everyone), default=-1)
+        self.latest_iteration = newest
+        return newest
+
+    def write(self, state_dict: Any, iteration: int) -> None:
+        """BaseCheckpointManager.save(is_async=False) on `group`, for a state dict whose tensors
+        are already private host copies: replicate, write, wait for every rank, check that the
+        step is complete everywhere, then drop the older steps (or this one, if incomplete)."""
+        assert self.latest_iteration < iteration, (self.latest_iteration, iteration)
+        own = self._ckpt_id(iteration)
+        if self.repl_strategy is not None:
+            states, ids = self.repl_strategy.replicate(state_dict, own)
+            by_id = dict(zip(ids, states, strict=True))
+        else:
+            by_id = {own: state_dict}
+        self.latest_iteration = -1
+        self._save_fn(by_id)
+        torch.distributed.barrier(group=self.group)
+        complete = self.find_latest()
+        self.latest_iteration = -1
+        if complete < iteration:
+            self._cleanup_failed_save(iteration)
+            raise CheckpointingException(
+                f"Failure during saving local checkpoint from iteration {iteration}"
+                f" (last valid iteration is {complete})"
+            )
+        self._cleanup(iteration)
 
     def _save(self, state_dict: Any, ckpt_id: Any) -> None:
         try:
@@ -241,23 +271,28 @@ class Snapshots:
         world = torch.distributed.get_world_size()
         procs = cfg.resources.procs_per_node
         self.replicated = memory.replica and world > procs
-        strategy = (
-            RingReplication(procs, world, platform.device.type if platform.is_cuda else "cpu")
-            if self.replicated
-            else None
-        )
+        # The snapshots' own group, on the host: the writer thread's collectives (the copy to
+        # the peer, the check that every rank wrote the step) run beside training's on the main
+        # group, and a group's collectives must come in one order on every rank.
+        self.group = torch.distributed.new_group(backend="gloo")
+        strategy = RingReplication(procs, world, self.group) if self.replicated else None
         # The job's uid keeps another run's files (a local run's reused work directory) apart.
         session = cfg.job.uid or cfg.job.name
         # The pod's own directory: the env names it (each local "pod" has its own), else the
         # config's (the volume's mount, the same in every pod).
         root = os.environ.get(MEMORY_CHECKPOINT_DIR) or memory.dir
-        self.manager = PodMemory(root, session_id=session, repl_strategy=strategy)
+        self.manager = PodMemory(root, session, strategy, self.group)
         # Megatron-LM's default algorithm where it runs (CUDA), `atomic` on the CPU platform.
         self.algo = "fully_parallel" if platform.is_cuda else "atomic"
         self.cached_distribution: Any = None
         self.newest: int | None = None
         self.bytes = 0  # this rank's last snapshot (its own state, not the copy it holds)
-        self.seconds: list[float] = []  # each snapshot's stall (state dict, copy, write)
+        # Each snapshot's stall of the training loop: its state dict and host copy, and any wait
+        # for its write before the next step's record.
+        self.seconds: list[float] = []
+        self.writes: list[float] = []  # each snapshot's write, in the writer thread
+        self.writer: threading.Thread | None = None
+        self.failure: BaseException | None = None
 
     @property
     def dir(self) -> Path:
@@ -314,7 +349,12 @@ class Snapshots:
         return iteration % self.memory.interval == 0
 
     def save(self, iteration: int, state: dict[str, Any]) -> None:
-        """Write `iteration`'s snapshot (the sharded state dict of Checkpointer.state_dict)."""
+        """Start `iteration`'s snapshot (the sharded state dict of Checkpointer.state_dict): its
+        tensors are copied to host memory here, so training may change them at once, and the
+        copy to the peer and the write go on in a thread. The previous one must be done
+        (`wait`)."""
+        started = time.monotonic()
+        assert self.writer is None, "the previous snapshot was not waited for"
         tasd, self.cached_distribution = MCoreTensorAwareStateDict.from_state_dict(
             state,
             algo=self.algo,
@@ -323,14 +363,43 @@ class Snapshots:
             ),
             cached_metadata=self.cached_distribution,
         )
+        tasd.copy_tensors_to_cpu(non_blocking=False)  # a private copy, even of host tensors
         self.bytes = sum(t.nbytes for t in tasd.tensors)
+        self.writer = threading.Thread(
+            target=self._write, args=(tasd, iteration), name="snapshot-writer", daemon=True
+        )
+        self.writer.start()
+        self.seconds.append(time.monotonic() - started)
+
+    def _write(self, tasd: Any, iteration: int) -> None:
+        started = time.monotonic()
         try:
-            self.manager.save(tasd, iteration, is_async=False)
+            self.manager.write(tasd, iteration)
         except CheckpointingException as err:  # raised on every rank alike (PodMemory)
             if self.rank == 0:
                 log.warning("snapshot of iteration %d skipped: %s", iteration, err)
-            return
-        self.newest = iteration
+        except BaseException as err:  # handed to the main thread by wait()
+            self.failure = err
+        else:
+            self.newest = iteration
+        self.writes.append(time.monotonic() - started)
+
+    def wait(self) -> float:
+        """Wait for the snapshot being written; the seconds waited (part of its stall). Called
+        before each step's record, so that a recorded step's previous snapshot is complete:
+        a failure then loses at most the step in flight and the one recorded."""
+        if self.writer is None:
+            return 0.0
+        started = time.monotonic()
+        self.writer.join()
+        self.writer = None
+        waited = time.monotonic() - started
+        if self.seconds:
+            self.seconds[-1] += waited
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            raise failure
+        return waited
 
     def held_bytes(self) -> int:
         """Bytes of snapshot files in this rank's directory (its own and the copy it holds)."""
