@@ -63,8 +63,9 @@ POD_NAMESPACE: Final = "POD_NAMESPACE"
 # The pod's own IP (the downward API): the coordinator listens there only, not on every
 # interface (a secondary network's included).
 POD_IP: Final = "POD_IP"
-# Never set by the operator: `STEP[:RANK[:KILL|TERM|RAISE]][,…]` for chaos tests (spec.env may
-# set it). RAISE makes the rank fail with an uncaught exception, as an OOM or NCCL error would.
+# Never set by the operator: `STEP[:RANK[:KILL|TERM|RAISE|STOP]][,…]` for chaos tests (spec.env
+# may set it). RAISE makes the rank fail with an uncaught exception, as an OOM or NCCL error
+# would; STOP stops it (SIGSTOP), so the gang hangs in its next collective. Attempt 0 only.
 INJECT_FAILURE: Final = "MEGATRON_INJECT_FAILURE"
 # Never set by the operator: "<iteration>" makes that iteration's loss NaN on every rank (tests).
 INJECT_NAN_LOSS: Final = "MEGATRON_INJECT_NAN_LOSS"
@@ -143,7 +144,7 @@ class FailureInjection:
 
     step: int
     rank: int
-    signal: str  # "KILL", "TERM" or "RAISE"
+    signal: str  # "KILL", "TERM", "RAISE" or "STOP"
 
 
 @dataclass(frozen=True)
@@ -277,9 +278,9 @@ def parse_injections(raw: str, problems: list[str]) -> tuple[FailureInjection, .
         except ValueError:
             step = rank = -1
         signal = (parts[2] if len(parts) > 2 else "KILL").upper().removeprefix("SIG")
-        if len(parts) > 3 or step < 1 or rank < 0 or signal not in ("KILL", "TERM", "RAISE"):
+        if len(parts) > 3 or step < 1 or rank < 0 or signal not in ("KILL", "TERM", "RAISE", "STOP"):
             problems.append(
-                f"{INJECT_FAILURE}: {item!r} is not STEP[:RANK[:KILL|TERM|RAISE]] (step >= 1, "
+                f"{INJECT_FAILURE}: {item!r} is not STEP[:RANK[:KILL|TERM|RAISE|STOP]] (step >= 1, "
                 "rank >= 0)"
             )
             continue

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from tests.goodput_truth import compare
+
 from .real_nodes_support import RealCluster, python_pod
 from .test_e2e import (
     RANK_LABEL,
@@ -245,3 +247,58 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
         file=sys.stderr,
     )
     print("\n".join(line for line in lines if "megatron_trainer:" in line)[-4000:], file=sys.stderr)
+
+
+# restartPolicy.hangTimeoutSeconds of the hang scenario: the rule counts from the attempt's
+# start too, and under CI load the first step has come 15 s after it.
+HANG_TIMEOUT = 20
+HANG_STEP = 10
+
+
+def test_a_hung_rank_is_restarted_in_place_and_the_wait_accounted(
+    real_operator: RealCluster, tmp_path: Path
+) -> None:
+    """Rank 1 stops itself (SIGSTOP, MEGATRON_INJECT_FAILURE `10:1:STOP`) after step 10: the
+    gang waits in its next collective and rank 0's records stop. The hang rule restarts the gang
+    in place after hangTimeoutSeconds, attempt 1 resumes from memory, the losses equal `mjob run
+    --local` of the job without the hang, and the goodput ledger holds to the trainer's records:
+    the wait is hangDetection, from the last record to the decision."""
+    c = real_operator
+    ns = new_ns(c, "hang")
+    plain = spec(c.image("trainer"), **{"restartPolicy.strategy": "InPlace"})
+    s = spec(
+        c.image("trainer"),
+        **{
+            "restartPolicy.strategy": "InPlace",
+            "restartPolicy.hangTimeoutSeconds": HANG_TIMEOUT,
+        },
+    )
+    s["env"] = [{"name": "MEGATRON_INJECT_FAILURE", "value": f"{HANG_STEP}:1:STOP"}]
+    c.apply(job_doc("hang", s), ns)
+    logs = Rank0Logs(c, ns, "hang")
+    try:
+        resumed = wait_attempt_step(c, logs, attempt=1, after=0, timeout=600)
+        done = wait_phase(c, ns, "hang", {"Succeeded", "Failed"}, 900)
+        assert done["phase"] == "Succeeded", why(done)
+        assert done["restarts"] == 1, done
+        failure = done["lastFailure"]
+        assert (failure["reason"], failure["rung"]) == ("Hang", "InPlace"), failure
+        stopped = max(r["iteration"] for r in logs.records if r.get("attempt") == 0)
+        assert stopped == HANG_STEP, stopped
+        assert resumed["restored"]["tier"] == "Memory", resumed
+        assert HANG_STEP - resumed["restored"]["step"] <= 1, resumed
+    finally:
+        logs.close()
+        c.kubectl("delete", "namespace", ns, "--wait=false")
+    worst = assert_same_curve(logs.losses, local_losses(tmp_path, "ladder", plain), 30)
+    # No kill: the work in flight when the gang stopped is inside hangDetection, which runs from
+    # the last sign of life (the record's whole second) to the decision.
+    figures = compare(done["ledger"], logs.records, [])
+    waited = done["ledger"]["seconds"]["hangDetection"]
+    assert HANG_TIMEOUT - 1 <= waited <= HANG_TIMEOUT + 5, done["ledger"]
+    print(
+        f"hang: rank 1 stopped after step {HANG_STEP}, restarted in place after {waited:.1f} s of "
+        f"hangDetection; goodput {figures['goodput']:.3f} (true {figures['true goodput']:.3f}); "
+        f"worst relative difference to local {worst:.1e}",
+        file=sys.stderr,
+    )

@@ -205,11 +205,12 @@ def test_env_must_match_config(tmp_path: Path) -> None:
 
 
 def test_failure_injection_syntax() -> None:
-    env = runtime_env({**ENV, "MEGATRON_INJECT_FAILURE": "12, 7:1:TERM, 3:0:SIGKILL"})
+    env = runtime_env({**ENV, "MEGATRON_INJECT_FAILURE": "12, 7:1:TERM, 3:0:SIGKILL, 9:1:STOP"})
     assert env.inject_failures == (
         FailureInjection(12, 0, "KILL"),
         FailureInjection(7, 1, "TERM"),
         FailureInjection(3, 0, "KILL"),
+        FailureInjection(9, 1, "STOP"),
     )
     with pytest.raises(ConfigError, match="MEGATRON_INJECT_FAILURE"):
         runtime_env({**ENV, "MEGATRON_INJECT_FAILURE": "7:1:HUP"})

@@ -605,7 +605,8 @@ class Trainer:
                     force=True,
                 )
             first_step = False
-            inject_failures(self.env.inject_failures, self.iteration, self.rank, self.stop)
+            if self.env.restart_attempt == 0:  # once: a restart trains the same steps again
+                inject_failures(self.env.inject_failures, self.iteration, self.rank, self.stop)
             stopping = self._agree_to_stop()
             at_interval = self.iteration % cfg.checkpoint.save_interval == 0
             last = self.iteration == t.train_iters

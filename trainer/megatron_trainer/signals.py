@@ -56,6 +56,9 @@ def inject_failures(
         sys.stderr.flush()
         if injection.signal == "KILL":
             os.kill(os.getpid(), signal.SIGKILL)
+        if injection.signal == "STOP":  # a hang: the gang waits in the next collective
+            os.kill(os.getpid(), signal.SIGSTOP)
+            continue
         if injection.signal == "RAISE":
             raise InjectedFailure(f"{INJECT_FAILURE} at iteration {iteration}, rank {rank}")
         launcher = int(os.environ.get(LAUNCHER_PID, "0") or 0)
