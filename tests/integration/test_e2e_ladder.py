@@ -251,7 +251,7 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
 
 # restartPolicy.hangTimeoutSeconds of the hang scenario: the rule counts from the attempt's
 # start too, and under CI load the first step has come 15 s after it.
-HANG_TIMEOUT = 20
+HANG_TIMEOUT = 30
 HANG_STEP = 10
 
 
