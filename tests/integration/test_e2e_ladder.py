@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from megatron_contract.paths import PROGRESS_MIN_INTERVAL_SECONDS
 from tests.goodput_truth import compare
 
 from .real_nodes_support import RealCluster, python_pod
@@ -291,9 +292,19 @@ def test_a_hung_rank_is_restarted_in_place_and_the_wait_accounted(
         logs.close()
         c.kubectl("delete", "namespace", ns, "--wait=false")
     worst = assert_same_curve(logs.losses, local_losses(tmp_path, "ladder", plain), 30)
-    # No kill: the work in flight when the gang stopped is inside hangDetection, which runs from
-    # the last sign of life (the record's whole second) to the decision.
-    figures = compare(done["ledger"], logs.records, [])
+    # The hang as a kill at rank 0's last record (no work in flight: it is inside hangDetection,
+    # from the last sign of life, the record's whole second, to the decision). The operator sees
+    # rank 0's records through its Lease, written at most every PROGRESS_MIN_INTERVAL_SECONDS:
+    # the steps after the last write it saw are hangDetection in the ledger and their replay new
+    # work, so the ledger is held to the truth as it could have seen it (`view_lag`), with that
+    # much slack on the recomputed seconds (the truth's view counts those steps there).
+    stopped_at = max(
+        r["clock"]["now"]
+        for r in logs.records
+        if r.get("attempt") == 0 and isinstance(r.get("clock"), dict)
+    )
+    lag = PROGRESS_MIN_INTERVAL_SECONDS + 2
+    figures = compare(done["ledger"], logs.records, [stopped_at], lag, view_lag=lag)
     waited = done["ledger"]["seconds"]["hangDetection"]
     assert HANG_TIMEOUT - 1 <= waited <= HANG_TIMEOUT + 5, done["ledger"]
     print(
