@@ -278,7 +278,12 @@ def parse_injections(raw: str, problems: list[str]) -> tuple[FailureInjection, .
         except ValueError:
             step = rank = -1
         signal = (parts[2] if len(parts) > 2 else "KILL").upper().removeprefix("SIG")
-        if len(parts) > 3 or step < 1 or rank < 0 or signal not in ("KILL", "TERM", "RAISE", "STOP"):
+        if (
+            len(parts) > 3
+            or step < 1
+            or rank < 0
+            or signal not in ("KILL", "TERM", "RAISE", "STOP")
+        ):
             problems.append(
                 f"{INJECT_FAILURE}: {item!r} is not STEP[:RANK[:KILL|TERM|RAISE|STOP]] (step >= 1, "
                 "rank >= 0)"
