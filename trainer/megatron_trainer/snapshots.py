@@ -124,16 +124,17 @@ class RingReplication(CliqueReplicationStrategy):  # type: ignore[misc]
         local_ckpt.insert_tensors(tensors)
         # The hollow state dict's pickle, then every tensor's bytes in one host buffer.
         flat = _flatten(tensors)
-        group = self.group
+
+        def swap(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+            """Send `mine` to the target while `theirs` is filled from the source."""
+            _exchange([(mine, target)], [(theirs, source)], self.group)
+            return theirs
+
         sizes = torch.tensor([len(body), flat.numel()], dtype=torch.int64)
-        their_sizes = torch.empty_like(sizes)
-        _exchange([(sizes, target)], [(their_sizes, source)], group)
-        their_body_len, their_flat_len = (int(x) for x in their_sizes.tolist())
-        their_body = torch.empty(their_body_len, dtype=torch.uint8)
+        body_len, flat_len = (int(x) for x in swap(sizes, torch.empty_like(sizes)).tolist())
         mine = torch.frombuffer(bytearray(body), dtype=torch.uint8)
-        _exchange([(mine, target)], [(their_body, source)], group)
-        their_flat = torch.empty(their_flat_len, dtype=torch.uint8)
-        _exchange([(flat, target)], [(their_flat, source)], group)
+        their_body = swap(mine, torch.empty(body_len, dtype=torch.uint8))
+        their_flat = swap(flat, torch.empty(flat_len, dtype=torch.uint8))
         peer, peer_id = pickle.loads(their_body.numpy().tobytes())
         # The copy is kept in host memory (as the manager stages its own snapshot), marked with
         # the device it came from so that a load puts it back there.
