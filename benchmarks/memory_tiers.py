@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -43,7 +44,8 @@ from megatron_contract.ports import free_port  # noqa: E402 - after the path twe
 
 SNAPSHOT_LINE = re.compile(
     r"snapshots: (\d+) written, median ([\d.]+)s each, (\d+) bytes of this rank's state, "
-    r"(\d+) bytes in this rank's memory directory, median ([\d.]+)s each to write"
+    r"(\d+) bytes in this rank's memory directory, median ([\d.]+)s each to write beside the next "
+    r"step \(([\d.]+)s of CPU\)"
 )
 
 
@@ -69,8 +71,10 @@ def config(
     return cfg
 
 
-def run(cfg: dict[str, Any], workdir: Path, name: str) -> list[list[str]]:
-    """Every pod of the job as one `python -m megatron_trainer`; their output lines."""
+def run(cfg: dict[str, Any], workdir: Path, name: str, memory: Path) -> list[list[str]]:
+    """Every pod of the job as one `python -m megatron_trainer`, its memory directory under
+    `memory`; their output lines. CPU_SECONDS[name]: the CPU time of its pods, per pod."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     path = workdir / f"{name}.json"
     path.write_text(json.dumps(cfg))
     res = cfg["resources"]
@@ -82,7 +86,8 @@ def run(cfg: dict[str, Any], workdir: Path, name: str) -> list[list[str]]:
             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NNODES=str(res["nodes"]),
             WORLD_SIZE=str(res["nodes"] * res["procsPerNode"]), NODE_RANK=str(node),
             NPROC_PER_NODE=str(res["procsPerNode"]), MEGATRON_CONFIG=str(path),
-            MEGATRON_MEMORY_CHECKPOINT_DIR=str(workdir / "memory" / f"pod-{node}"),
+            MEGATRON_MEMORY_CHECKPOINT_DIR=str(memory / f"pod-{node}"),
+            OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // res["nodes"])),
             PYTHONPATH=os.pathsep.join(
                 filter(None, [str(ROOT / "trainer"), str(ROOT / "operator"),
                               env.get("PYTHONPATH")])
@@ -99,7 +104,13 @@ def run(cfg: dict[str, Any], workdir: Path, name: str) -> list[list[str]]:
         if code != 0:
             raise SystemExit(f"{name}: pod {node} exited with {code}:\n{text[-3000:]}")
         outputs.append(text.splitlines())
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    CPU_SECONDS[name] = cpu / res["nodes"]
     return outputs
+
+
+CPU_SECONDS: dict[str, float] = {}
 
 
 def progress(lines: list[str]) -> list[dict[str, Any]]:
@@ -153,32 +164,36 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="memory-tiers-"))
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
+    # The pods' memory directories on tmpfs, as their memory volume (emptyDir, medium Memory).
+    shm = Path("/dev/shm")
+    memory = Path(tempfile.mkdtemp(prefix="memory-tiers-", dir=shm if shm.is_dir() else workdir))
 
     train = config(workdir, args.iters, args.gpu, workdir / "durable-1")
-    pods = run(train, workdir, "train")
+    pods = run(train, workdir, "train", memory)
     records = [r for r in progress(pods[0]) if r["iteration"] > args.warmup]
     gbs, seq = train["training"]["globalBatchSize"], train["model"]["seqLength"]
     step = statistics.median(gbs * seq / r["tokensPerSecond"] for r in records)
     found = [m for m in map(SNAPSHOT_LINE.search, pods[0]) if m]
     if not found:
         raise SystemExit("the trainer logged no snapshot summary")
-    count, stall, state_bytes, held, write = found[-1].groups()
+    count, stall, state_bytes, held, write, cpu = found[-1].groups()
     # The cost beside the stall: the writer thread shares the cores with training. The same
     # job without the tiers, its wall time per step against this one's.
     plain = config(workdir, args.iters, args.gpu, workdir / "durable-plain", memory=False)
     wall, wall_plain = (
         per_step([r for r in progress(lines) if r["iteration"] > args.warmup])
-        for lines in (pods[0], run(plain, workdir, "plain")[0])
+        for lines in (pods[0], run(plain, workdir, "plain", memory)[0])
     )
-    pod_bytes = sum(p.stat().st_size for p in (workdir / "memory" / "pod-0").rglob("*.pt"))
+    cpu_step = (CPU_SECONDS["train"] - CPU_SECONDS["plain"]) / args.iters
+    pod_bytes = sum(p.stat().st_size for p in (memory / "pod-0").rglob("*.pt"))
 
     restores = {}
     cases = [("Memory", None)] + ([] if args.gpu else [("Peer", "pod-1")])
     for tier, lose in cases:
-        if lose is not None and (workdir / "memory" / lose).exists():
-            shutil.rmtree(workdir / "memory" / lose)
+        if lose is not None and (memory / lose).exists():
+            shutil.rmtree(memory / lose)
         again = config(workdir, args.iters + 2, args.gpu, workdir / f"durable-{tier}")
-        first = progress(run(again, workdir, f"restore-{tier}")[0])[0]
+        first = progress(run(again, workdir, f"restore-{tier}", memory)[0])[0]
         assert first["restored"]["tier"] == tier, first
         restores[tier] = (first["clock"]["load"], first["restored"]["step"])
 
@@ -191,10 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         f"; {datetime.now(UTC):%Y-%m-%d}, {device}, load average {load:.1f}\n"
         f"step (median):              {step * 1000:.1f} ms\n"
         f"snapshot stall (median):    {float(stall) * 1000:.2f} ms = {overhead:.2%} of the step "
-        f"({count} snapshots; each written in {float(write) * 1000:.2f} ms beside the next "
-        "step)\n"
+        f"({count} snapshots)\n"
+        f"write (median):             {float(write) * 1000:.2f} ms beside the next step, of "
+        f"which {float(cpu) * 1000:.2f} ms of CPU (the writer thread's)\n"
         f"wall time per step:         {wall * 1000:.1f} ms with the tiers, "
         f"{wall_plain * 1000:.1f} ms without ({wall / wall_plain - 1:+.1%})\n"
+        f"CPU per pod and step:       {cpu_step * 1000:+.1f} ms with the tiers (the pods' CPU "
+        "time, gloo's and the kernel's included, against the run without, per step)\n"
         f"bytes per step, per rank:   {int(state_bytes):,} (its state; the same again to its "
         "peer)\n"
         f"memory held, per pod:       {pod_bytes:,} bytes now ({int(held):,} in rank 0's "
@@ -209,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             else ""
         )
     )
+    shutil.rmtree(memory, ignore_errors=True)
     if args.workdir is None:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -38,6 +38,9 @@ DEFAULT_INTERVAL = 1
 # A snapshot is written beside the previous one, which is deleted only once the new one is
 # complete on every rank (so a kill during the write leaves the older one): two generations.
 GENERATIONS = 2
+# Besides the volume's files, each rank's process keeps one step in host memory between
+# snapshots: the buffer its tensors are copied into and the one its peer's copy arrives in.
+STAGED = 1
 
 # The rung of a restart (the operator's status.lastFailure.rung) → the best tier that survives it.
 _EXPECTED = {"InPlace": MEMORY, "ReplacePod": PEER, "Recreate": DURABLE}

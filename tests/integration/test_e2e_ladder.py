@@ -1,8 +1,11 @@
-"""The restart ladder on real kubelets: a rank process killed inside a running pod restarts in
-place, and a killed container replaces that pod alone. Meanwhile a pod of another namespace
-attacks the job's coordinator without its key: it poses as node rank 1 and reports exit code 78
-(which the default rules fail a job on) once a second, and holds idle connections, twice the
-cap, all along. It changes nothing: the same two restarts, and the job succeeds.
+"""The restart ladder on real kubelets: twenty kills at seeded steps, fourteen of one rank process
+inside a running pod (restarted in place) and six of node rank 1's container (that pod replaced
+alone). Each restart resumes at most one step back, from the pods' memory (in place) or the copy
+in the other pod's memory (a replaced pod), and every step's loss, the steps trained again
+included, is the uninterrupted run's. Meanwhile a pod of another namespace attacks the job's
+coordinator without its key: it poses as node rank 1 and reports exit code 78 (which the default
+rules fail a job on) once a second, and holds idle connections, twice the cap, all along. It
+changes nothing: the twenty restarts, and the job succeeds.
 
 One job on two of the session's real nodes, with the chart's operator (`real_operator`,
 conftest.py) and the trainer image built from Dockerfile.trainer. The rank is killed with `cluster kill-process`
@@ -13,6 +16,7 @@ by step, as in test_e2e.py.
 
 from __future__ import annotations
 
+import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -153,15 +157,43 @@ def check_restored(logs: Rank0Logs, attempt: int, *tiers: str) -> str:
     return str(restored["tier"])
 
 
-def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod(
+# The seeded kill points on real kubelets: each is the first moment the test sees rank 0's
+# record of that step (kubectl logs), so the kill lands anywhere in the steps after it: in the
+# forward or backward pass, in a snapshot's write beside it, in a durable save. A rank killed
+# restarts in place; node rank 1's container killed replaces its pod alone.
+KILL_SEED = 40
+RANK_KILLS, CONTAINER_KILLS = 14, 6
+FIRST_KILL, KILL_GAP = 6, 3  # the first kill point, and at least this many steps between two
+LADDER_ITERS = 80
+
+
+def kill_points() -> list[tuple[int, str, int]]:
+    """(step, kind, global rank) for each kill: kind "rank" (that rank's process) or
+    "container" (node rank 1's container; the rank is unused)."""
+    rng = random.Random(KILL_SEED)
+    count = RANK_KILLS + CONTAINER_KILLS
+    spread = LADDER_ITERS - FIRST_KILL - KILL_GAP * count - 4
+    steps = [
+        FIRST_KILL + s + KILL_GAP * i
+        for i, s in enumerate(sorted(rng.choices(range(spread), k=count)))
+    ]
+    kinds = rng.sample(["rank"] * RANK_KILLS + ["container"] * CONTAINER_KILLS, count)
+    return [(step, kind, rng.randrange(4)) for step, kind in zip(steps, kinds, strict=True)]
+
+
+def test_twenty_kills_in_place_and_of_one_pod_each_lose_at_most_one_step(
     real_operator: RealCluster, tmp_path: Path
 ) -> None:
     c = real_operator
     ns = new_ns(c, "ladder")
     other = new_ns(c, "intruder")
     s = spec(c.image("trainer"), **{"restartPolicy.strategy": "InPlace"})
+    s["training"]["trainIters"] = LADDER_ITERS
+    # Room for the kills, without the backoff growing between them.
+    s["restartPolicy"].update(maxRestarts=len(kill_points()) + 5, maxBackoffSeconds=1)
     c.apply(job_doc("ladder", s), ns)
     logs = Rank0Logs(c, ns, "ladder")
+    tiers: list[str] = ["None"]
     try:
         try:
             wait_phase(c, ns, "ladder", {"Running"}, 300)
@@ -169,73 +201,51 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
             raise AssertionError(f"{exc}\n{where_pods_wait(c, ns)}") from None
         intrude(c, other, ns)
         c.wait(lambda: intruder_counts(c, other)[0] >= 3, 120, 1, "the intruder's hellos")
-        # Killed once a checkpoint is complete (the first save takes the longest), so that the
-        # next attempt must load it: a restart that lost its checkpoints starts at iteration 1.
-        c.wait(lambda: newest_checkpoint(logs) >= 5, 600, 0.2, "a complete checkpoint")
-        c.wait(lambda: logs.iteration() >= 8, 300, 0.2, "iteration 8 in rank 0's log")
         first = uids(c, ns, "ladder")
         assert set(first) == {"0", "1"}
-        pod0 = next(
-            p["metadata"]["name"]
+        for attempt, (step, kind, rank) in enumerate(kill_points()):
+            wait_attempt_step(c, logs, attempt=attempt, after=step - 1)
+            before = uids(c, ns, "ladder")
+            if kind == "rank":  # node rank = rank // procsPerNode
+                pod = _pod_name(c, ns, str(rank // 2))
+                killed = c.kill_process(ns, pod, "megatron_trainer.worker", RANK=str(rank))
+                assert (
+                    killed["signal"] == "SIGKILL" and "megatron_trainer.worker" in killed["command"]
+                ), killed
+            else:
+                assert c.kill_container(ns, _pod_name(c, ns, "1"), "KILL")["signal"] == "SIGKILL"
+            wait_attempt_step(c, logs, attempt=attempt + 1, after=0)
+            st = job_status(c, ns, "ladder")
+            assert st["restarts"] == attempt + 1, (attempt, kind, st.get("lastFailure"))
+            now = uids(c, ns, "ladder")
+            if kind == "rank":
+                # In place: the same pods; from every pod's own memory, or, where the kill
+                # landed in a snapshot's write after its copies were exchanged, from the copy in
+                # the other pod (the same step).
+                assert st["lastFailure"]["rung"] == "InPlace", (attempt, st["lastFailure"])
+                assert now == before, (attempt, before, now)
+                tiers.append(check_restored(logs, attempt + 1, "Memory", "Peer"))
+            else:
+                # Node rank 1's pod alone is replaced; its ranks from the copy in node rank 0's
+                # memory, node rank 0's from their own.
+                assert st["lastFailure"]["rung"] == "ReplacePod", (attempt, st["lastFailure"])
+                assert now["0"] == before["0"] and now["1"] != before["1"], (before, now)
+                tiers.append(check_restored(logs, attempt + 1, "Peer"))
+        replaced = next(
+            p
             for p in pods_of(c, ns, "ladder")
-            if p["metadata"]["labels"][RANK_LABEL] == "0"
+            if p["metadata"]["uid"] == uids(c, ns, "ladder")["1"]
         )
-        saved = newest_checkpoint(logs)
-        killed = c.kill_process(ns, pod0, "megatron_trainer.worker", RANK="1")
-        assert killed["signal"] == "SIGKILL" and "megatron_trainer.worker" in killed["command"]
-        at = logs.iteration()
-
-        # 1. In place: the same pods (UIDs), restarts 1, rung InPlace; attempt 1 trains.
-        resumed = wait_attempt_step(c, logs, attempt=1, after=0)
-        # From the newest complete checkpoint (or a newer one saved before the kill landed).
-        assert saved + 1 <= resumed["iteration"] <= at + 1, (resumed, saved, at)
-        st = job_status(c, ns, "ladder")
-        assert st["restarts"] == 1 and st["restartAttempt"] == 1, st
-        assert st["lastFailure"]["rung"] == "InPlace", st["lastFailure"]
-        # The killed rank (137) is normally the first the coordinator hears of; a rank of the
-        # other pod that lost its peer exits 1 a moment later.
-        assert st["lastFailure"]["exitCode"] in (137, 1), st["lastFailure"]
-        assert uids(c, ns, "ladder") == first
-        # ... from every pod's own memory, at most one step behind rank 0's last record; or,
-        # where the kill landed in a snapshot's write (beside the next step) after its copies
-        # were exchanged, from the copy in the other pod (the same step).
-        in_place = check_restored(logs, 1, "Memory", "Peer")
-        wait_attempt_step(c, logs, attempt=1, after=resumed["iteration"] + 2)
-
-        # 2. The container of node rank 1 is killed: only that pod is replaced.
-        pod1 = next(
-            p["metadata"]["name"]
-            for p in pods_of(c, ns, "ladder")
-            if p["metadata"]["labels"][RANK_LABEL] == "1"
-        )
-        saved = newest_checkpoint(logs)
-        out = c.kill_container(ns, pod1, "KILL")
-        assert out["signal"] == "SIGKILL"
-        at = logs.iteration()
-        resumed = wait_attempt_step(c, logs, attempt=2, after=0)
-        assert saved + 1 <= resumed["iteration"] <= at + 1, (resumed, saved, at)
-        st = job_status(c, ns, "ladder")
-        assert st["restarts"] == 2 and st["lastFailure"]["rung"] == "ReplacePod", (
-            st["lastFailure"],
-            st.get("failedNodes"),
-        )
-        now = uids(c, ns, "ladder")
-        assert now["0"] == first["0"] and now["1"] != first["1"], (first, now)
-        # Its ranks from the copy in the other pod's memory (the others from their own).
-        replaced_from = check_restored(logs, 2, "Peer")
-        replaced = next(p for p in pods_of(c, ns, "ladder") if p["metadata"]["uid"] == now["1"])
-        assert replaced["metadata"]["name"] == "ladder-a2-1"
         assert replaced["spec"]["hostname"] == "ladder-1"
 
         done = wait_phase(c, ns, "ladder", {"Succeeded", "Failed"}, 900)
         assert done["phase"] == "Succeeded", why(done)
-        assert done["restarts"] == 2, done  # the kill and the container: nothing of the intruder
+        # The kills and nothing of the intruder.
+        assert done["restarts"] == len(kill_points()), done
         # The status says the same tiers as the trainer's records (checked above).
-        assert [(r["attempt"], r["tier"]) for r in done["restores"]] == [
-            (0, "None"),
-            (1, in_place),
-            (2, replaced_from),
-        ], done["restores"]
+        assert [(r["attempt"], r["tier"]) for r in done["restores"]] == list(enumerate(tiers)), (
+            done["restores"]
+        )
         challenges, welcomed = intruder_counts(c, other)
         assert challenges > 10 and welcomed == 0, (challenges, welcomed)
     finally:
@@ -243,13 +253,33 @@ def test_a_killed_rank_restarts_in_place_and_a_killed_container_replaces_its_pod
         # The session's other scenarios share these nodes: never leave this job training.
         c.kubectl("delete", "namespace", ns, "--wait=false")
         c.kubectl("delete", "namespace", other, "--wait=false")
-    worst = assert_same_curve(logs.losses, local_losses(tmp_path, "ladder", s), 30)
+    local = local_losses(tmp_path, "ladder", s)
+    worst = assert_same_curve(logs.losses, local, LADDER_ITERS)
+    # Every record, the steps trained again after a resume included, has the uninterrupted
+    # run's loss at that step.
+    with logs.lock:
+        trained = [(r["iteration"], r["loss"]) for r in logs.records if "loss" in r]
+    assert len(trained) > LADDER_ITERS, len(trained)
+    assert all(abs(loss - local[i]) <= 1e-6 * abs(local[i]) for i, loss in trained), [
+        (i, loss, local[i]) for i, loss in trained if loss != local[i]
+    ]
     lines = logs.text().splitlines()
     print(
-        f"ladder: in place then one pod replaced; worst relative difference to local {worst:.1e}",
+        f"ladder: {len(kill_points())} kills, restored from {tiers[1:]}; worst relative "
+        f"difference to local {worst:.1e}",
         file=sys.stderr,
     )
     print("\n".join(line for line in lines if "megatron_trainer:" in line)[-4000:], file=sys.stderr)
+
+
+def _pod_name(c: RealCluster, ns: str, node_rank: str) -> str:
+    """The live pod of `node_rank`."""
+    live = uids(c, ns, "ladder")[node_rank]
+    return str(
+        next(
+            p["metadata"]["name"] for p in pods_of(c, ns, "ladder") if p["metadata"]["uid"] == live
+        )
+    )
 
 
 # restartPolicy.hangTimeoutSeconds of the hang scenario: the rule counts from the attempt's

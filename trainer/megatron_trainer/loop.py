@@ -628,19 +628,18 @@ class Trainer:
                 and self.snapshots.due(self.iteration)
                 and not (stopping or last)
             ):
-                snapping = time.monotonic()
-                state = self.checkpointer.snapshot_state(
+                self.snapshots.save(
                     self.iteration,
-                    self.consumed_samples,
-                    self.model,
-                    self.optimizer,
-                    self.scheduler,
-                    step.loss,
+                    partial(
+                        self.checkpointer.snapshot_state,
+                        self.iteration,
+                        self.consumed_samples,
+                        self.model,
+                        self.optimizer,
+                        self.scheduler,
+                        step.loss,
+                    ),
                 )
-                built = time.monotonic()
-                self.snapshots.save(self.iteration, state)
-                # The state dict's own time, before the host copy that save() counts.
-                self.snapshots.seconds[-1] += built - snapping
             self.save_seconds += time.monotonic() - saving
             if self.checkpointer.newest != last_ckpt_reported:
                 last_ckpt_reported = self.checkpointer.newest
@@ -729,12 +728,13 @@ class Trainer:
             self._log_rank0(
                 "snapshots: %d written, median %.4fs each, %d bytes of this rank's state, "
                 "%d bytes in this rank's memory directory, median %.4fs each to write beside "
-                "the next step",
+                "the next step (%.4fs of CPU)",
                 len(self.snapshots.seconds),
                 statistics.median(self.snapshots.seconds),
                 self.snapshots.bytes,
                 self.snapshots.held_bytes(),
                 statistics.median(self.snapshots.writes or [0.0]),
+                statistics.median(self.snapshots.write_cpu or [0.0]),
             )
         self.checkpointer.finalize(blocking=True)
         self.checkpointer.close()

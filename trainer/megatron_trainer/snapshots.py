@@ -30,8 +30,8 @@ Where nvidia-resiliency-ext 0.4.1 needs CUDA, and what runs instead:
   tensors (exchange_utils.py): the CPU platform uses `atomic`, each rank keeping all it holds;
 - `BaseCheckpointManager.save(is_async=True)` waits with `torch.cuda.synchronize()` and leaves
   the copy to the peer inside the step, and its AsyncRequest needs Megatron-LM's async queue. A
-  snapshot here stalls training only for its state dict and the copy of its tensors into host
-  memory; a thread then sends the copy to the peer, writes the file, and checks with every rank
+  snapshot here stalls training only for its state dict and the copy of its tensors into a
+  kept host buffer (`Staging`); the rank's writer thread then sends that buffer to the peer, writes the file, and checks with every rank
   that the step is complete (`PodMemory.write`, their save's steps on the snapshots' own group),
   while the next step trains. That step's record waits for it, so a failure loses at most one
   step (the benchmark measures the stall).
@@ -43,9 +43,11 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import queue
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +116,7 @@ class RingReplication(CliqueReplicationStrategy):  # type: ignore[misc]
         self.procs_per_node, self.world_size = procs_per_node, world_size
         self.group = group
         self.sent_bytes = 0
+        self.received: torch.Tensor | None = None
 
     def replicate(self, local_ckpt: Any, id_: Any) -> tuple[list[Any], list[Any]]:
         rank = torch.distributed.get_rank()
@@ -122,7 +125,8 @@ class RingReplication(CliqueReplicationStrategy):  # type: ignore[misc]
         tensors = local_ckpt.pop_tensors()
         body = pickle.dumps((local_ckpt, id_))
         local_ckpt.insert_tensors(tensors)
-        # The hollow state dict's pickle, then every tensor's bytes in one host buffer.
+        # The hollow state dict's pickle, then every tensor's bytes in one host buffer (the
+        # staging buffer itself, when the tensors are its views: no copy).
         flat = _flatten(tensors)
 
         def swap(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
@@ -134,38 +138,95 @@ class RingReplication(CliqueReplicationStrategy):  # type: ignore[misc]
         body_len, flat_len = (int(x) for x in swap(sizes, torch.empty_like(sizes)).tolist())
         mine = torch.frombuffer(bytearray(body), dtype=torch.uint8)
         their_body = swap(mine, torch.empty(body_len, dtype=torch.uint8))
-        their_flat = swap(flat, torch.empty(flat_len, dtype=torch.uint8))
+        # Received into a buffer kept for the next snapshot (one write at a time): no new pages.
+        self.received = _grown(self.received, flat_len, pin=False)
+        their_flat = swap(flat, self.received[:flat_len])
         peer, peer_id = pickle.loads(their_body.numpy().tobytes())
-        # The copy is kept in host memory (as the manager stages its own snapshot), marked with
-        # the device it came from so that a load puts it back there.
-        devices = [sh.orig_device for sh in peer._sharded_tensors]
-        for sh in peer._sharded_tensors:
-            sh.orig_device = "cpu"
-        peer.init_tensors()
-        for sh, device in zip(peer._sharded_tensors, devices, strict=True):
-            if device != "cpu":
-                sh.orig_device = device
-        _unflatten(their_flat, list(peer.tensors))
+        # The copy is kept in host memory (as the manager stages its own snapshot), as views of
+        # the received bytes, each marked with the device it came from (insert_tensors) so that
+        # a load puts it back there.
+        shards = list(peer._sharded_tensors)
+        offsets, total = _layout([(sh.dtype, sh.local_shape) for sh in shards])
+        if total != flat_len:
+            raise ValueError(f"a peer's snapshot has {flat_len} bytes, its layout {total}")
+        peer.insert_tensors(
+            [
+                _view(their_flat, offset, sh.dtype, sh.local_shape)
+                for sh, offset in zip(shards, offsets, strict=True)
+            ]
+        )
         self.sent_bytes = int(flat.numel())
         return [local_ckpt, peer], [id_, peer_id]
 
 
+# Each tensor of a flat snapshot starts on this boundary, so that a view of its bytes has the
+# alignment of any dtype.
+ALIGN = 64
+
+
+def _count(shape: Any) -> int:
+    count = 1
+    for n in shape:
+        count *= int(n)
+    return count
+
+
+def _layout(tensors: list[tuple[torch.dtype, Any]]) -> tuple[list[int], int]:
+    """Where each (dtype, shape) tensor starts in one flat buffer, and the buffer's size."""
+    offsets, end = [], 0
+    for dtype, shape in tensors:
+        offsets.append(end)
+        end += -(-_count(shape) * dtype.itemsize // ALIGN) * ALIGN
+    return offsets, end
+
+
+def _view(flat: torch.Tensor, offset: int, dtype: torch.dtype, shape: Any) -> torch.Tensor:
+    size = _count(shape) * dtype.itemsize
+    return flat[offset : offset + size].view(dtype).view(tuple(shape))
+
+
+def _grown(buffer: torch.Tensor | None, size: int, pin: bool) -> torch.Tensor:
+    """`buffer` if it holds `size` bytes, else a new host buffer (pinned: a device copies into
+    it asynchronously)."""
+    if buffer is not None and buffer.numel() >= size:
+        return buffer
+    return torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+
+
 def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Every tensor's bytes, in order, in one host buffer."""
+    """Every tensor's bytes in one host buffer, by `_layout`: the buffer they are views of
+    (a staged snapshot's), else a copy."""
+    offsets, total = _layout([(t.dtype, t.shape) for t in tensors])
     if not tensors:
         return torch.empty(0, dtype=torch.uint8)
-    parts = [t.detach().contiguous().reshape(-1).view(torch.uint8).cpu() for t in tensors]
-    return torch.cat(parts)
+    if _views_of_one_buffer(tensors, offsets, total):
+        storage = tensors[0].untyped_storage()
+        start = _byte_offset(tensors[0])
+        return torch.empty(0, dtype=torch.uint8).set_(storage, start, (total,), (1,))
+    flat = torch.empty(total, dtype=torch.uint8)
+    for tensor, offset in zip(tensors, offsets, strict=True):
+        _view(flat, offset, tensor.dtype, tensor.shape).copy_(tensor.detach())
+    return flat
 
 
-def _unflatten(flat: torch.Tensor, into: list[torch.Tensor]) -> None:
-    offset = 0
-    for tensor in into:
-        n = tensor.numel() * tensor.element_size()
-        tensor.view(-1).view(torch.uint8).copy_(flat[offset : offset + n])
-        offset += n
-    if offset != flat.numel():
-        raise ValueError(f"a peer's snapshot has {flat.numel()} bytes, its layout {offset}")
+def _byte_offset(tensor: torch.Tensor) -> int:
+    """Where `tensor` starts in its storage (data_ptr is 0 for an empty tensor)."""
+    return int(tensor.storage_offset()) * tensor.element_size()
+
+
+def _views_of_one_buffer(tensors: list[torch.Tensor], offsets: list[int], total: int) -> bool:
+    """The tensors lie in one host storage at `_layout`'s offsets (Staging's)."""
+    storage = tensors[0].untyped_storage()
+    start = _byte_offset(tensors[0])
+    if tensors[0].device.type != "cpu" or start + total > storage.nbytes():
+        return False
+    return all(
+        t.device.type == "cpu"
+        and t.is_contiguous()
+        and t.untyped_storage().data_ptr() == storage.data_ptr()
+        and _byte_offset(t) - start == offset
+        for t, offset in zip(tensors, offsets, strict=True)
+    )
 
 
 def _exchange(
@@ -177,6 +238,58 @@ def _exchange(
     ops += [torch.distributed.P2POp(torch.distributed.irecv, t, peer, group) for t, peer in recvs]
     for work in torch.distributed.batch_isend_irecv(ops):
         work.wait()
+
+
+class Staging:
+    """The host buffer a snapshot's tensors are copied into, reused by the next snapshot (whose
+    copy starts after this one's write ended: Snapshots.wait), so that a snapshot allocates
+    nothing and touches no new page; the copies lie at `_layout`'s offsets, so the copy to the
+    peer sends the buffer as it is. On CUDA the buffer is pinned and the copy from the device
+    asynchronous, on the current stream, so it is done before the next step's kernels change
+    the tensors; the writer waits for it (`ready`)."""
+
+    def __init__(self, pin: bool) -> None:
+        self.pin = pin
+        self.buffer: torch.Tensor | None = None
+        self.shapes: list[tuple[torch.dtype, Any]] = []  # the layout of `views`
+        self.views: list[torch.Tensor] = []  # the buffer's tensors, by `_layout`
+        self.copied: Any = None  # the CUDA event after the last copy
+
+    def stage(self, tasd: Any) -> int:
+        """Replace every tensor of `tasd` by its copy in the buffer (Megatron-Core's
+        copy_tensors_to_cpu, into a kept buffer); the bytes staged."""
+        shards = list(tasd._sharded_tensors)
+        sources = [sh.data for sh in shards]
+        shapes = [(t.dtype, t.shape) for t in sources]
+        if shapes != self.shapes:
+            offsets, total = _layout(shapes)
+            self.buffer = _grown(self.buffer, total, self.pin)
+            self.views = [
+                _view(self.buffer, offset, dtype, shape)
+                for (dtype, shape), offset in zip(shapes, offsets, strict=True)
+            ]
+            self.shapes = shapes
+        with torch.no_grad():
+            if self.pin:  # from the device: each copy queued on the current stream
+                for copy, source in zip(self.views, sources, strict=True):
+                    copy.copy_(source, non_blocking=True)
+            else:
+                # One call for every tensor: the training thread takes the GIL back once, not
+                # once a tensor (the writer thread holds it in between).
+                torch._foreach_copy_(self.views, sources)
+        for sh, source, copy in zip(shards, sources, self.views, strict=True):
+            if source.device.type != "cpu" and not hasattr(sh, "orig_device"):
+                sh.orig_device = source.device.type  # where a load puts it back
+            sh.data = copy
+        if self.pin:
+            self.copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self.copied.record()
+        return sum(v.nbytes for v in self.views)
+
+    def ready(self) -> None:
+        """Block until the copies from the device are in the buffer."""
+        if self.copied is not None:
+            self.copied.synchronize()
 
 
 class PodMemory(LocalCheckpointManager):  # type: ignore[misc]
@@ -292,8 +405,12 @@ class Snapshots:
         # for its write before the next step's record.
         self.seconds: list[float] = []
         self.writes: list[float] = []  # each snapshot's write, in the writer thread
+        self.write_cpu: list[float] = []  # the writer thread's CPU seconds for each
+        self.staging = Staging(pin=platform.is_cuda)
         self.writer: threading.Thread | None = None
-        self.failure: BaseException | None = None
+        self.jobs: queue.Queue[tuple[Any, int]] = queue.Queue()
+        self.done: queue.Queue[BaseException | None] = queue.Queue()  # each write's failure
+        self.writing = False
 
     @property
     def dir(self) -> Path:
@@ -349,56 +466,63 @@ class Snapshots:
     def due(self, iteration: int) -> bool:
         return iteration % self.memory.interval == 0
 
-    def save(self, iteration: int, state: dict[str, Any]) -> None:
-        """Start `iteration`'s snapshot (the sharded state dict of Checkpointer.state_dict): its
-        tensors are copied to host memory here, so training may change them at once, and the
-        copy to the peer and the write go on in a thread. The previous one must be done
-        (`wait`)."""
+    def save(self, iteration: int, build: Callable[[], dict[str, Any]]) -> None:
+        """Start `iteration`'s snapshot of the sharded state dict `build` returns
+        (Checkpointer.snapshot_state): its tensors are copied to the host buffer here, so
+        training may change them at once, and the copy to the peer and the write go on in the
+        writer thread. The previous one must be done (`wait`)."""
         started = time.monotonic()
-        assert self.writer is None, "the previous snapshot was not waited for"
+        assert not self.writing, "the previous snapshot was not waited for"
         tasd, self.cached_distribution = MCoreTensorAwareStateDict.from_state_dict(
-            state,
+            build(),
             algo=self.algo,
             parallelization_group=parallel_state.get_data_parallel_group(
                 with_context_parallel=True
             ),
             cached_metadata=self.cached_distribution,
         )
-        tasd.copy_tensors_to_cpu(non_blocking=False)  # a private copy, even of host tensors
-        self.bytes = sum(t.nbytes for t in tasd.tensors)
-        self.writer = threading.Thread(
-            target=self._write, args=(tasd, iteration), name="snapshot-writer", daemon=True
-        )
-        self.writer.start()
+        self.bytes = self.staging.stage(tasd)
+        if self.writer is None:
+            # One thread for the job's life: starting a thread per snapshot makes the
+            # training thread wait for the new one to take and hand back the GIL.
+            self.writer = threading.Thread(target=self._writes, name="snapshot-writer", daemon=True)
+            self.writer.start()
+        self.writing = True
+        self.jobs.put((tasd, iteration))
         self.seconds.append(time.monotonic() - started)
 
-    def _write(self, tasd: Any, iteration: int) -> None:
-        started = time.monotonic()
-        try:
-            self.manager.write(tasd, iteration)
-        except CheckpointingException as err:  # raised on every rank alike (PodMemory)
-            if self.rank == 0:
-                log.warning("snapshot of iteration %d skipped: %s", iteration, err)
-        except BaseException as err:  # handed to the main thread by wait()
-            self.failure = err
-        else:
-            self.newest = iteration
-        self.writes.append(time.monotonic() - started)
+    def _writes(self) -> None:
+        while True:
+            tasd, iteration = self.jobs.get()
+            started, cpu = time.monotonic(), time.thread_time()
+            failure: BaseException | None = None
+            try:
+                self.staging.ready()
+                self.manager.write(tasd, iteration)
+            except CheckpointingException as err:  # raised on every rank alike (PodMemory)
+                if self.rank == 0:
+                    log.warning("snapshot of iteration %d skipped: %s", iteration, err)
+            except BaseException as err:  # handed to the main thread by wait()
+                failure = err
+            else:
+                self.newest = iteration
+            self.writes.append(time.monotonic() - started)
+            self.write_cpu.append(time.thread_time() - cpu)
+            self.done.put(failure)
 
     def wait(self) -> float:
         """Wait for the snapshot being written; the seconds waited (part of its stall). Called
         before each step's record, so that a recorded step's previous snapshot is complete:
         a failure then loses at most the step in flight and the one recorded."""
-        if self.writer is None:
+        if not self.writing:
             return 0.0
         started = time.monotonic()
-        self.writer.join()
-        self.writer = None
+        failure = self.done.get()
+        self.writing = False
         waited = time.monotonic() - started
         if self.seconds:
             self.seconds[-1] += waited
-        if self.failure is not None:
-            failure, self.failure = self.failure, None
+        if failure is not None:
             raise failure
         return waited
 

@@ -349,7 +349,8 @@ def snapshot_bytes(params_per_rank: int, precision: str, dp_cp: int, dedup_weigh
     return int(weights + optimizer) + SNAPSHOT_METADATA_BYTES
 
 
-def tier_bytes_per_pod(snapshot: int, procs_per_node: int, replica: bool, generations: int) -> int:
-    """Host memory a pod's memory volume holds at most: each rank's snapshot and the copy it
-    keeps for a rank of the previous pod, for two steps while the newer one is written."""
-    return snapshot * procs_per_node * (2 if replica else 1) * generations
+def tier_bytes_per_pod(snapshot: int, procs_per_node: int, replica: bool, steps: int) -> int:
+    """Host memory a pod's tiers hold at most: each rank's snapshot and the copy it keeps for a
+    rank of the previous pod, `steps` times (the steps the volume keeps, and the one the ranks'
+    buffers hold)."""
+    return snapshot * procs_per_node * (2 if replica else 1) * steps

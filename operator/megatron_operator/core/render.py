@@ -459,7 +459,7 @@ def _volumes(job: MegatronJob, plan: Plan) -> tuple[list[Obj], list[Obj]]:
         # The in-memory checkpoints (core/tiers.py): tmpfs, charged to the pod's memory; it
         # outlives the ranks of an in-place restart and dies with the pod.
         memory: Obj = {"medium": "Memory"}
-        held = memory_tiers_bytes(job, plan)
+        held = memory_volume_bytes(job, plan)
         if held is not None:
             memory["sizeLimit"] = tiers.size_limit(held)
         volumes.append({"name": paths.VOLUME_MEMORY, "emptyDir": memory})
@@ -792,7 +792,7 @@ def as_list(objs: list[Obj]) -> Obj:
     return {"apiVersion": "v1", "kind": "List", "items": objs}
 
 
-def memory_tiers_bytes(job: MegatronJob, plan: Plan) -> int | None:
-    """Host memory the in-memory checkpoints hold per pod (core/tiers.py), when estimable."""
+def memory_volume_bytes(job: MegatronJob, plan: Plan) -> int | None:
+    """What the in-memory checkpoints' volume holds per pod (core/tiers.py), when estimable."""
     precision = plan.training.precision if plan.training is not None else None
-    return tiers.pod_bytes(job.spec, plan.memory, plan.degrees, precision)
+    return tiers.volume_bytes(job.spec, plan.memory, plan.degrees, precision)

@@ -48,15 +48,30 @@ def replicated(spec: MegatronJobSpec) -> bool:
 def pod_bytes(
     spec: MegatronJobSpec, mem: MemoryEstimate | None, d: ParallelDegrees, precision: str | None
 ) -> int | None:
-    """Host memory the tiers hold in each pod at most; None when off or not estimable (no
-    model or training settings)."""
+    """Host memory the tiers hold in each pod at most (the memory volume's files and the ranks'
+    staging buffers); None when off or not estimable (no model or training settings)."""
+    return _bytes(spec, mem, d, precision, tiers.GENERATIONS + tiers.STAGED)
+
+
+def volume_bytes(
+    spec: MegatronJobSpec, mem: MemoryEstimate | None, d: ParallelDegrees, precision: str | None
+) -> int | None:
+    """What the pod's memory volume holds at most: the snapshots' files alone."""
+    return _bytes(spec, mem, d, precision, tiers.GENERATIONS)
+
+
+def _bytes(
+    spec: MegatronJobSpec,
+    mem: MemoryEstimate | None,
+    d: ParallelDegrees,
+    precision: str | None,
+    steps: int,
+) -> int | None:
     if not enabled(spec) or mem is None or precision is None or d.fsdp:
         return None
     on_gpu = spec.resources.accelerator != "none"
     one = snapshot_bytes(mem.parameters_per_gpu, precision, d.dp * d.cp, dedup_weights=on_gpu)
-    return tier_bytes_per_pod(
-        one, spec.resources.procs_per_node, replicated(spec), tiers.GENERATIONS
-    )
+    return tier_bytes_per_pod(one, spec.resources.procs_per_node, replicated(spec), steps)
 
 
 def size_limit(held: int) -> str:
@@ -76,7 +91,8 @@ def host_memory_error(spec: MegatronJobSpec, held: int | None) -> FieldError | N
     return FieldError(
         "spec.checkpoint.memory",
         f"the in-memory checkpoints hold about {held / 1024**3:.1f} GiB per pod (every rank's "
-        f"snapshot{replica}, two steps while one is written) but resources.limits.memory is "
+        f"snapshot{replica}, two steps while one is written, and one more in the ranks' "
+        f"buffers) but resources.limits.memory is "
         f"{limit}: raise resources.limits.memory, set checkpoint.memory.replica: false, or "
         "checkpoint.memory.interval: 0 (no in-memory checkpoints)",
     )
