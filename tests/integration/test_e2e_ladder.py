@@ -189,8 +189,13 @@ def test_twenty_kills_in_place_and_of_one_pod_each_lose_at_most_one_step(
     other = new_ns(c, "intruder")
     s = spec(c.image("trainer"), **{"restartPolicy.strategy": "InPlace"})
     s["training"]["trainIters"] = LADDER_ITERS
-    # Room for the kills, without the backoff growing between them.
-    s["restartPolicy"].update(maxRestarts=len(kill_points()) + 5, maxBackoffSeconds=1)
+    # Room for the kills, without the backoff growing between them; on two nodes every kill
+    # after the second is on a node that failed before, which would recreate the gang.
+    s["restartPolicy"].update(
+        maxRestarts=len(kill_points()) + 5,
+        maxBackoffSeconds=1,
+        recreateOnRepeatedNodeFailure=False,
+    )
     c.apply(job_doc("ladder", s), ns)
     logs = Rank0Logs(c, ns, "ladder")
     tiers: list[str] = ["None"]

@@ -228,6 +228,20 @@ def test_a_node_failing_twice_escalates_to_recreate() -> None:
     assert sim.attempts() == {"3"}
 
 
+def test_a_node_failing_again_stays_in_place_when_the_policy_says_so() -> None:
+    sim = _sim({"recreateOnRepeatedNodeFailure": False})
+    sim.start_running()
+    node = sim.pods["job-a0-2"]["spec"]["nodeName"]
+    for attempt in range(1, 4):
+        sim.report_launchers(failures=[(2, 1)])  # the same node every time
+        sim.step()
+        assert sim.status["lastFailure"]["rung"] == "InPlace", sim.status["lastFailure"]
+        assert sim.status["failedNodes"] == [node]
+        _released(sim)
+        _stepped(sim, attempt * 10)
+        assert sim.status["restartAttempt"] == attempt and sim.attempts() == {"0"}
+
+
 def test_an_in_place_restart_that_reaches_no_step_in_time_recreates() -> None:
     sim = _sim({"inPlaceTimeoutSeconds": 60})
     sim.start_running()

@@ -794,6 +794,13 @@ class RestartPolicySpec(ApiModel):
         description="An in-place restart or pod replacement whose ranks report no training step "
         "within this long (after the backoff) recreates every pod (reason RestartTimeout)." + _DAYS,
     )
+    recreate_on_repeated_node_failure: bool = Field(
+        True,
+        description="A node where a failure caused a restart before, since the gang was last "
+        "recreated (status.failedNodes), failing again recreates every pod. false: it takes the "
+        "lowest rung like any other failure (in place, or its pod replaced), which keeps the "
+        "in-memory checkpoints (a recreate resumes from the durable checkpoint).",
+    )
     rules: list[FailureRule] = Field(
         default_factory=list,
         max_length=32,

@@ -399,7 +399,8 @@ class MegatronJobStatus(ApiModel):
         None,
         max_length=64,
         description="Nodes where a failure caused a restart since the gang was last recreated: a "
-        "second one there recreates the gang.",
+        "second one there recreates the gang (unless spec.restartPolicy."
+        "recreateOnRepeatedNodeFailure is false).",
     )
     uncounted_restart_times: list[str] | None = Field(
         None,

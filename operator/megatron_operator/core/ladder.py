@@ -73,11 +73,13 @@ def choose(
     stepped: bool,
     current: list[PodView],
     spares: Sequence[PodView] | None = None,
+    repeated_recreates: bool = True,
 ) -> Choice:
     """The rung of the restart that `failures` (with `cause` to blame) call for, before the
     status moves to the next attempt. `stepped`: the current attempt reported a training step;
     `current`: the gang's pods; `spares`: the spares ready to take a lost pod's node rank (None:
-    the job keeps none)."""
+    the job keeps none); `repeated_recreates`: a node failing again recreates the gang
+    (restartPolicy.recreateOnRepeatedNodeFailure)."""
     if strategy == RECREATE:
         return Choice(Rung.RECREATE, "spec.restartPolicy.strategy is Recreate")
     plain = next((x for x in current if x.strategy != IN_PLACE), None)
@@ -107,7 +109,7 @@ def choose(
             f"attempt {st.restart_attempt}, restarted in place, failed before its first "
             "training step",
         )
-    node = repeated_node(cause, st)
+    node = repeated_node(cause, st) if repeated_recreates else None
     if node is not None and not (cause.pod_lost and cause.node_rank in swaps):
         return Choice(Rung.RECREATE, f"node {node} failed a second time in this gang")
     if lost and all(f.node_rank in swaps for f in lost):

@@ -989,6 +989,7 @@ class _Machine:
             self.stepped(),
             current,
             self.ready_spares() if self.spare_nodes else None,
+            policy.recreate_on_repeated_node_failure,
         )
         record["rung"] = str(choice.rung)
         if choice.why:
