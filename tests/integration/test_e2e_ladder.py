@@ -26,7 +26,7 @@ import pytest
 from megatron_contract.paths import PROGRESS_MIN_INTERVAL_SECONDS
 from tests.goodput_truth import compare
 
-from .real_nodes_support import RealCluster, python_pod
+from .real_nodes_support import OPERATOR_NS, RealCluster, python_pod
 from .test_e2e import (
     RANK_LABEL,
     Rank0Logs,
@@ -208,34 +208,10 @@ def test_twenty_kills_in_place_and_of_one_pod_each_lose_at_most_one_step(
         c.wait(lambda: intruder_counts(c, other)[0] >= 3, 120, 1, "the intruder's hellos")
         first = uids(c, ns, "ladder")
         assert set(first) == {"0", "1"}
-        for attempt, (step, kind, rank) in enumerate(kill_points()):
-            wait_attempt_step(c, logs, attempt=attempt, after=step - 1)
-            before = uids(c, ns, "ladder")
-            if kind == "rank":  # node rank = rank // procsPerNode
-                pod = _pod_name(c, ns, str(rank // 2))
-                killed = c.kill_process(ns, pod, "megatron_trainer.worker", RANK=str(rank))
-                assert (
-                    killed["signal"] == "SIGKILL" and "megatron_trainer.worker" in killed["command"]
-                ), killed
-            else:
-                assert c.kill_container(ns, _pod_name(c, ns, "1"), "KILL")["signal"] == "SIGKILL"
-            wait_attempt_step(c, logs, attempt=attempt + 1, after=0)
-            st = job_status(c, ns, "ladder")
-            assert st["restarts"] == attempt + 1, (attempt, kind, st.get("lastFailure"))
-            now = uids(c, ns, "ladder")
-            if kind == "rank":
-                # In place: the same pods; from every pod's own memory, or, where the kill
-                # landed in a snapshot's write after its copies were exchanged, from the copy in
-                # the other pod (the same step).
-                assert st["lastFailure"]["rung"] == "InPlace", (attempt, st["lastFailure"])
-                assert now == before, (attempt, before, now)
-                tiers.append(check_restored(logs, attempt + 1, "Memory", "Peer"))
-            else:
-                # Node rank 1's pod alone is replaced; its ranks from the copy in node rank 0's
-                # memory, node rank 0's from their own.
-                assert st["lastFailure"]["rung"] == "ReplacePod", (attempt, st["lastFailure"])
-                assert now["0"] == before["0"] and now["1"] != before["1"], (before, now)
-                tiers.append(check_restored(logs, attempt + 1, "Peer"))
+        try:
+            kill_and_check(c, ns, logs, tiers)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{what_happened(c, ns, logs)}") from None
         replaced = next(
             p
             for p in pods_of(c, ns, "ladder")
@@ -275,6 +251,53 @@ def test_twenty_kills_in_place_and_of_one_pod_each_lose_at_most_one_step(
         file=sys.stderr,
     )
     print("\n".join(line for line in lines if "megatron_trainer:" in line)[-4000:], file=sys.stderr)
+
+
+def kill_and_check(c: RealCluster, ns: str, logs: Rank0Logs, tiers: list[str]) -> None:
+    """Each kill point in turn: kill, wait for the next attempt's first step, check its rung,
+    its pods and the tier it restored from (appended to `tiers`)."""
+    for attempt, (step, kind, rank) in enumerate(kill_points()):
+        wait_attempt_step(c, logs, attempt=attempt, after=step - 1)
+        before = uids(c, ns, "ladder")
+        if kind == "rank":  # node rank = rank // procsPerNode
+            pod = _pod_name(c, ns, str(rank // 2))
+            killed = c.kill_process(ns, pod, "megatron_trainer.worker", RANK=str(rank))
+            assert (
+                killed["signal"] == "SIGKILL" and "megatron_trainer.worker" in killed["command"]
+            ), killed
+        else:
+            assert c.kill_container(ns, _pod_name(c, ns, "1"), "KILL")["signal"] == "SIGKILL"
+        wait_attempt_step(c, logs, attempt=attempt + 1, after=0)
+        st = job_status(c, ns, "ladder")
+        assert st["restarts"] == attempt + 1, (attempt, kind, st.get("lastFailure"))
+        now = uids(c, ns, "ladder")
+        if kind == "rank":
+            # In place: the same pods; from every pod's own memory, or, where the kill
+            # landed in a snapshot's write after its copies were exchanged, from the copy in
+            # the other pod (the same step).
+            assert st["lastFailure"]["rung"] == "InPlace", (attempt, st["lastFailure"])
+            assert now == before, (attempt, before, now)
+            tiers.append(check_restored(logs, attempt + 1, "Memory", "Peer"))
+        else:
+            # Node rank 1's pod alone is replaced; its ranks from the copy in node rank 0's
+            # memory, node rank 0's from their own.
+            assert st["lastFailure"]["rung"] == "ReplacePod", (attempt, st["lastFailure"])
+            assert now["0"] == before["0"] and now["1"] != before["1"], (before, now)
+            tiers.append(check_restored(logs, attempt + 1, "Peer"))
+
+
+def what_happened(c: RealCluster, ns: str, logs: Rank0Logs) -> str:
+    """The job's pods' logs and the operator's, for a failed scenario."""
+    parts = [where_pods_wait(c, ns), "--- node rank 0's log (tail):", logs.text()[-6000:]]
+    for pod in pods_of(c, ns, "ladder"):
+        name = pod["metadata"]["name"]
+        out = c.kubectl("logs", "-n", ns, name, "--tail", "60", check=False)
+        parts += [f"--- {name} (tail):", out.stdout, out.stderr]
+    operator = c.kubectl(
+        "logs", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=megatron-operator",
+        "--tail", "150", check=False,
+    )  # fmt: skip
+    return "\n".join([*parts, "--- the operator (tail):", operator.stdout, operator.stderr])
 
 
 def _pod_name(c: RealCluster, ns: str, node_rank: str) -> str:

@@ -252,6 +252,30 @@ def test_no_decision_in_time_ends_the_pod_with_the_ranks_code(tmp_path: Path) ->
         gang.stop()
 
 
+def test_a_decision_in_time_holds_the_launchers_through_a_longer_backoff(tmp_path: Path) -> None:
+    """The launchers whose ranks failed (the killed one's, and the other pod's whose ranks lost
+    their peer) hear the decision, and wait for the release past their decision timeout."""
+    gang = Gang(tmp_path)
+    try:
+        for node in (0, 1):
+            gang.launch(node, STUB_DECISION_TIMEOUT="1")
+        pids = {r["rank"]: r["pid"] for r in gang.started(0)}
+        gang.finish(0, code=9, ranks=[3])
+        gang.finish(0, code=1, ranks=[0])  # a rank of the other pod, its peer gone
+        wait(lambda: r if (r := gang.report()) and len(r.failures) == 2 else None, "the report")
+        gang.status(1, "Restarting")  # decided; the backoff outlasts the decision timeout
+        wait(lambda: not any(alive(p) for p in pids.values()), "attempt 0 to stop")
+        time.sleep(2.5)
+        assert all(p.poll() is None for p in gang.launchers.values()), gang.logs()
+        gang.status(1, "Running")
+        gang.started(1)
+        gang.finish(1)
+        assert {n: p.wait(timeout=20) for n, p in gang.launchers.items()} == {0: 0, 1: 0}
+        assert "no decision" not in gang.logs()
+    finally:
+        gang.stop()
+
+
 def test_a_coordinator_that_hears_no_operator_lets_a_failed_rank_end_its_pod(
     tmp_path: Path,
 ) -> None:

@@ -242,6 +242,31 @@ def test_a_node_failing_again_stays_in_place_when_the_policy_says_so() -> None:
         assert sim.status["restartAttempt"] == attempt and sim.attempts() == {"0"}
 
 
+def test_in_place_restarts_wait_their_backoff_only_not_the_floor_over_new_gangs() -> None:
+    """The operator's floor (core/churn.py) doubles past 5 new gangs an hour; in-place restarts
+    make no gang, so the tenth of an hour is released after the job's 1 s backoff too."""
+    sim = _sim({"maxRestarts": 20, "recreateOnRepeatedNodeFailure": False})
+    sim.start_running()
+    for attempt in range(1, 11):
+        sim.report_launchers(failures=[(attempt % 4, 1)])
+        sim.step()
+        assert sim.status["lastFailure"]["rung"] == "InPlace"
+        sim.tick(1.1)
+        sim.step()
+        assert sim.status["phase"] != "Restarting", (attempt, sim.status.get("restartAt"))
+        _released(sim)
+        _stepped(sim, attempt * 10)
+    assert sim.attempts() == {"0"} and "attemptTimes" not in sim.status
+    # A recreate (an attempt failing before its first step) makes a new gang: it counts.
+    sim.report_launchers(failures=[(1, 1)])
+    sim.step()
+    _released(sim)
+    sim.report_launchers(failures=[(2, 1)])
+    sim.step()
+    assert sim.status["lastFailure"]["rung"] == "Recreate"
+    assert len(sim.status["attemptTimes"]) == 1
+
+
 def test_an_in_place_restart_that_reaches_no_step_in_time_recreates() -> None:
     sim = _sim({"inPlaceTimeoutSeconds": 60})
     sim.start_running()

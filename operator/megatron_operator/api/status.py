@@ -411,9 +411,10 @@ class MegatronJobStatus(ApiModel):
     attempt_times: list[str] | None = Field(
         None,
         max_length=32,
-        description="When the attempts of the last hour started, restarts and resumes (RFC 3339): "
-        "past 5 an hour, the operator's floor between attempts doubles with each one, up to "
-        "10 minutes.",
+        description="When the attempts of the last hour that created a new gang started, "
+        "recreates and resumes (RFC 3339): past 5 an hour, the operator's floor before such an "
+        "attempt doubles with each one, up to 10 minutes. A restart in place, onto a spare or "
+        "of one pod waits only the job's backoff.",
     )
     resume_times: list[str] | None = Field(
         None,

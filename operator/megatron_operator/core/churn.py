@@ -4,9 +4,11 @@ Every new attempt of a job deletes and creates a whole gang: up to 4,096 pods, 8
 the scheduler's and the kubelets' work. The job's own `restartPolicy` spaces failures
 (`backoffSeconds`, doubling, up to `maxBackoffSeconds`), but a spec may set both to 0 with
 `maxRestarts: 10000`, and toggling `spec.suspend` starts a fresh attempt each time. So the
-operator keeps a floor of its own over every attempt it starts, restart or resume:
+operator keeps a floor of its own over every attempt that makes a new gang, a recreate or a
+resume (a lower rung of the restart ladder makes at most the lost pods, and one that fails
+before its first step becomes a recreate):
 
-- the times of the attempts started in the last hour are kept in `status.attemptTimes`
+- the times of those attempts started in the last hour are kept in `status.attemptTimes`
   (at most `MAX_KEPT`: past that the floor is at its cap anyway);
 - the first `FREE_PER_HOUR` attempts of an hour wait `MIN_BACKOFF_SECONDS` (1 s); each one
   after doubles the wait, up to `FLOOR_CAP_SECONDS`;

@@ -677,11 +677,16 @@ class _Machine:
             return False  # step 2: wait until every pod of the failed gang is gone (but the kept)
         start = parse_time(self.st.restart_at)
         if start is None:
-            # The job's backoff, and the operator's floor over every attempt (core/churn.py).
+            # The job's backoff, and for a new gang the operator's floor over the gangs it
+            # creates (core/churn.py). A lower rung creates at most the lost pods, and an
+            # attempt of it that fails before its first step recreates the gang: the floor
+            # would only hold its kept launchers, past their wait for a decision, into a
+            # recreate of their own.
+            new_gang = self.st.gang == self.st.restart_attempt
             before = len(churn.recent(self.st.attempt_times, self.now)) - 1
             delay = max(
                 backoff_seconds(job.spec.restart_policy, self.st.restarts - 1),
-                churn.floor_seconds(before),
+                churn.floor_seconds(before) if new_gang else 0.0,
             )
             start = self.now + timedelta(seconds=delay)
             self.st.restart_at = format_time(start)
@@ -694,6 +699,11 @@ class _Machine:
             C.RESTARTING, False, Reason.RESTARTED, f"attempt {self.st.restart_attempt} started"
         )
         return True
+
+    def count_gang(self) -> None:
+        """A restart recreates the gang: it counts toward the operator's floor (core/churn.py)."""
+        attempts = churn.recent(self.st.attempt_times, self.now)
+        self.st.attempt_times = churn.recent([*attempts, format_time(self.now)], self.now)
 
     def lost_pods(self, current: list[PodView]) -> list[Failure]:
         """The failures of the gang's pods that can run no rank any more: terminated, deleted,
@@ -732,6 +742,7 @@ class _Machine:
                     f"pod {names} was lost during the restart, and node rank 0 hosts the rendezvous"
                 )
                 record.update(rung=str(Rung.RECREATE), rungReason=why)
+                self.count_gang()
                 self.st.gang_attempt = None  # a new gang: every kept pod is stale
                 self.st.failed_nodes = None
                 self.st.swaps = None  # every rank on the pod created for it again
@@ -1001,10 +1012,9 @@ class _Machine:
         else:
             recent.append(format_time(self.now))
         self.st.uncounted_restart_times = recent or None
-        attempts = churn.recent(self.st.attempt_times, self.now)
-        self.st.attempt_times = churn.recent([*attempts, format_time(self.now)], self.now)
         lost = [x for x in current if x.name in {f.pod for f in failures if f.pod_lost}]
         if choice.rung == Rung.RECREATE:
+            self.count_gang()
             # Evidence: the failed pod stays (Failed, holding nothing). On the lower rungs the
             # healthy pods keep their logs, and a lost pod's replacement takes its place.
             self.keep(job, failures, current)
@@ -1036,12 +1046,8 @@ class _Machine:
         if in_place:
             # Nothing to wait for before the backoff (no pod goes): it starts now, and the
             # release is due when it ends (no pod event would wake the job before that).
-            # The job's backoff, and the operator's floor over every attempt (core/churn.py).
-            delay = max(
-                backoff_seconds(policy, self.st.restarts - 1),
-                churn.floor_seconds(len(attempts)),
-            )
-            start = self.now + timedelta(seconds=delay)
+            # The job's backoff alone: no new gang, so not the operator's floor (core/churn.py).
+            start = self.now + timedelta(seconds=backoff_seconds(policy, self.st.restarts - 1))
             self.st.restart_at = format_time(start)
             self.deadlines.append(start)
 

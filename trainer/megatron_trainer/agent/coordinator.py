@@ -125,6 +125,7 @@ class Client:
     pod: str = ""
     leaving: bool = False  # it said bye: its connection ending is no loss
     epoch: int | None = None  # the attempt its ranks run; None: no rank runs
+    failed: int | None = None  # the attempt a rank of which it reported failed
     stop_sent: int = -1
     # With spare nodes:
     spare: int | None = None  # a spare pod's number
@@ -479,6 +480,7 @@ class Coordinator:
             when = m.get("time")
             if epoch is None or local is None or code is None or not isinstance(when, str):
                 raise ProtocolError(f"bad failure {m!r}")
+            client.failed = epoch
             if epoch == self.started_attempt and len(self.failures) < MAX_FAILURES:
                 rank = client.holds if client.holds is not None else client.node
                 self.failures.append(RankFailure(rank, local, code, when[:64]))
@@ -516,7 +518,12 @@ class Coordinator:
     def _act(self) -> None:
         """Stop what is older than the decision; start the released attempt behind a barrier."""
         for conn, c in list(self.clients.items()):
-            if c.epoch is not None and c.epoch < self.decided and c.stop_sent < self.decided:
+            running = c.epoch is not None and c.epoch < self.decided
+            # A launcher whose rank failed runs nothing and waits for a decision: told of it
+            # too, it then waits for the release however long the backoff, instead of ending
+            # its pod after DECISION_TIMEOUT_SECONDS (which would recreate the gang).
+            waiting = c.epoch is None and c.failed is not None and c.failed < self.decided
+            if (running or waiting) and c.stop_sent < self.decided:
                 c.stop_sent = self.decided
                 self._send(conn, {"op": "stop", "attempt": self.decided})
         if self.fencing:
