@@ -9,6 +9,7 @@ import json
 import shutil
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -277,3 +278,32 @@ def test_https_with_the_service_account_ca(tmp_path: Path, token: Path) -> None:
         assert lease.sent == 1 and len(server.puts) == 1
     finally:
         server.close()
+
+
+LOGGING_BESIDE = """
+import logging, sys, threading
+sys.setswitchinterval(1e-6)  # a thread switch at almost every chance
+from megatron_trainer.progress import ProgressReporter, Report
+logging.basicConfig(stream=sys.stdout, level=logging.INFO)
+stop = threading.Event()
+def writer():  # as the snapshot writer thread logs beside the step
+    while not stop.is_set():
+        logging.info("Saving to /mnt/memory-checkpoints/0/iter_0000001_0_local.dirty.pt")
+thread = threading.Thread(target=writer)
+thread.start()
+reporter = ProgressReporter(True, None, None, 0.0, attempt=0)
+for i in range(3000):
+    reporter.report(Report(i, 1.5, 100.0, None, None))
+stop.set()
+thread.join()
+"""
+
+
+def test_a_record_is_one_line_whatever_another_thread_prints_beside_it() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", LOGGING_BESIDE], capture_output=True, text=True, timeout=120,
+        check=True, cwd=Path(__file__).resolve().parents[2] / "trainer",
+    ).stdout  # fmt: skip
+    records = [line for line in out.splitlines() if line.startswith(STDOUT_PREFIX)]
+    assert len(records) == 3000
+    assert [json.loads(r[len(STDOUT_PREFIX) :])["iteration"] for r in records] == list(range(3000))

@@ -13,6 +13,7 @@ import math
 import os
 import queue
 import ssl
+import sys
 import threading
 import time
 import urllib.error
@@ -255,7 +256,10 @@ class ProgressReporter:
         if not self.enabled:
             return
         payload = report.to_json(self.attempt)
-        print(STDOUT_PREFIX + payload, flush=True)
+        # One write, the newline in it: print() writes the line and its newline apart, and a
+        # line another thread logs in between (the snapshot writer's) lands inside the record.
+        sys.stdout.write(f"{STDOUT_PREFIX}{payload}\n")
+        sys.stdout.flush()
         if self.progress_file:
             try:
                 with open(self.progress_file, "a", encoding="utf-8") as f:
