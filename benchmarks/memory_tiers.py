@@ -5,12 +5,16 @@ restores from memory, and how much memory the tiers hold.
     python benchmarks/memory_tiers.py            # gpt-tiny, 2 pods × 1 rank (DP2) on CPU
     python benchmarks/memory_tiers.py --gpu      # a 1.36B GPT on one GPU (the stall per snapshot)
 
-Three runs of the real trainer (`python -m megatron_trainer`, one process a pod, as a pod runs
-it), each pod with its own memory directory:
+Runs of the real trainer (`python -m megatron_trainer`, one process a pod, as a pod runs it),
+each pod with its own memory directory on tmpfs (as the pods' memory volume) and one of the
+machine's cores for its threads (OMP_NUM_THREADS, as the launcher sets it for a pod's share):
 1. train with a snapshot every step (each rank's state into its pod's memory, a copy into the
    other pod's): the median step, the median snapshot stall (the trainer's own measure, in the
-   same run: state dict, copy to the peer, write), the bytes a rank snapshots per step, and the
-   bytes each pod's memory directory holds, against the operator's estimate (core/tiers.py);
+   same run: the state dict and its copy into the rank's host buffer, and any wait for the
+   previous write), the write beside the next step (and the writer thread's CPU time), the
+   bytes a rank snapshots per step, and the bytes the tiers hold, against the operator's
+   estimate (core/tiers.py); then the same job without the tiers: the wall time per step and
+   the pods' CPU time against it (what the write costs where training uses every core);
 2. an in-place restart: the same memory directories, no durable checkpoint newer: restores
    from every pod's own memory (the Memory tier); the restore time is the trainer's own
    `clock.load` (finding the snapshot, loading and applying it);
@@ -185,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         for lines in (pods[0], run(plain, workdir, "plain", memory)[0])
     )
     cpu_step = (CPU_SECONDS["train"] - CPU_SECONDS["plain"]) / args.iters
+    copies = 2 if train["checkpoint"]["memory"]["replica"] and not args.gpu else 1
+    buffers = int(state_bytes) * copies * train["resources"]["procsPerNode"]
     pod_bytes = sum(p.stat().st_size for p in (memory / "pod-0").rglob("*.pt"))
 
     restores = {}
@@ -215,9 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         "time, gloo's and the kernel's included, against the run without, per step)\n"
         f"bytes per step, per rank:   {int(state_bytes):,} (its state; the same again to its "
         "peer)\n"
-        f"memory held, per pod:       {pod_bytes:,} bytes now ({int(held):,} in rank 0's "
-        f"directory at its last snapshot); estimate {est if est is None else f'{est:,}'} "
-        "(at most: two steps while one is written)\n"
+        f"memory held, per pod:       {pod_bytes:,} bytes on the volume now ({int(held):,} in "
+        f"rank 0's directory at its last snapshot), and {buffers:,} in the rank's buffers (its "
+        f"staged copy and its peer's); estimate {est if est is None else f'{est:,}'} (at most: "
+        "two steps on the volume while one is written, and one in the buffers)\n"
         f"restore, in place (Memory): {restores['Memory'][0]:.2f} s (step "
         f"{restores['Memory'][1]})"
         + (
