@@ -8,8 +8,8 @@ The checkpoint tiers (with test_local_run's and test_object_storage's kills, 20 
 these runs): each in-place restart resumes from every pod's own memory (or the other pod's copy,
 where the kill landed in the write of a snapshot already exchanged) and each replaced pod's
 ranks from the copy in the other pod's, at most one step behind the last step the trainer
-reported; a recreate resumes from the durable checkpoint. At most 7 restarts a run: past 5 an
-hour, the operator's floor between attempts doubles (core/churn.py)."""
+reported; a recreate resumes from the durable checkpoint. At most 7 restarts a run (past 5 an
+hour, the operator's floor before a recreate doubles: core/churn.py)."""
 
 from __future__ import annotations
 
