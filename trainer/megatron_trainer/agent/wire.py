@@ -17,7 +17,9 @@ Launcher → coordinator:
     {"op": "bye", "code": 0}                                       leaving on purpose
 Coordinator → launcher:
     {"op": "welcome", "mac": "<64 hex>"}         the coordinator holds the key too
-    {"op": "stop", "attempt": 5}                 stop every rank of an older attempt
+    {"op": "stop", "attempt": 5}                 stop every rank of an older attempt (also to
+                                                 a launcher whose rank failed: attempt 5 is
+                                                 decided, wait for its start)
     {"op": "start", "attempt": 5, "port": 41234} start the ranks of attempt 5 (MASTER_PORT 41234)
 
 With spare nodes (liveness.py), the hello also says "spare": its number (a spare pod; its "node"
