@@ -8,9 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import torch
 
 from megatron_trainer.snapshots import ALIGN, Staging, _flatten, _layout, _view
+
+pytestmark = pytest.mark.trainer
 
 
 @dataclass
