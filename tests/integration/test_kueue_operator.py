@@ -196,7 +196,14 @@ def test_second_job_waits_for_quota_until_the_first_finishes(
     assert pods(cluster, ns, "second") == []
     message = str((condition(st, "Admitted") or {})["message"])
     assert "quota" in message
-    assert any(e["message"] == message for e in events(cluster, ns, "second"))
+
+    def posted() -> bool:
+        # The event is posted after the status is written (the recorder is asynchronous), and
+        # Kueue may word its message anew meanwhile: the status' message, as an event.
+        now = str((condition(status(cluster, ns, "second"), "Admitted") or {}).get("message"))
+        return any(e["message"] == now for e in events(cluster, ns, "second"))
+
+    cluster.wait(posted, 30, what="an event with the Admitted condition's message")
     wl = workload(cluster, ns, "second")
     assert kueue.workload_state(wl).phase is kueue.WorkloadPhase.PENDING
     assert wl["metadata"]["ownerReferences"][0]["name"] == "second"
