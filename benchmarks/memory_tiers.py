@@ -75,9 +75,11 @@ def config(
     return cfg
 
 
-def run(cfg: dict[str, Any], workdir: Path, name: str, memory: Path) -> list[list[str]]:
+def run(
+    cfg: dict[str, Any], workdir: Path, name: str, memory: Path
+) -> tuple[list[list[str]], float]:
     """Every pod of the job as one `python -m megatron_trainer`, its memory directory under
-    `memory`; their output lines. CPU_SECONDS[name]: the CPU time of its pods, per pod."""
+    `memory`: their output lines, and the CPU seconds of its pods, per pod."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     path = workdir / f"{name}.json"
     path.write_text(json.dumps(cfg))
@@ -110,11 +112,7 @@ def run(cfg: dict[str, Any], workdir: Path, name: str, memory: Path) -> list[lis
         outputs.append(text.splitlines())
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    CPU_SECONDS[name] = cpu / res["nodes"]
-    return outputs
-
-
-CPU_SECONDS: dict[str, float] = {}
+    return outputs, cpu / res["nodes"]
 
 
 def progress(lines: list[str]) -> list[dict[str, Any]]:
@@ -173,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     memory = Path(tempfile.mkdtemp(prefix="memory-tiers-", dir=shm if shm.is_dir() else workdir))
 
     train = config(workdir, args.iters, args.gpu, workdir / "durable-1")
-    pods = run(train, workdir, "train", memory)
+    pods, cpu_train = run(train, workdir, "train", memory)
     records = [r for r in progress(pods[0]) if r["iteration"] > args.warmup]
     gbs, seq = train["training"]["globalBatchSize"], train["model"]["seqLength"]
     step = statistics.median(gbs * seq / r["tokensPerSecond"] for r in records)
@@ -184,11 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     # The cost beside the stall: the writer thread shares the cores with training. The same
     # job without the tiers, its wall time per step against this one's.
     plain = config(workdir, args.iters, args.gpu, workdir / "durable-plain", memory=False)
+    plain_pods, cpu_plain = run(plain, workdir, "plain", memory)
     wall, wall_plain = (
         per_step([r for r in progress(lines) if r["iteration"] > args.warmup])
-        for lines in (pods[0], run(plain, workdir, "plain", memory)[0])
+        for lines in (pods[0], plain_pods[0])
     )
-    cpu_step = (CPU_SECONDS["train"] - CPU_SECONDS["plain"]) / args.iters
+    cpu_step = (cpu_train - cpu_plain) / args.iters
     copies = 2 if train["checkpoint"]["memory"]["replica"] and not args.gpu else 1
     buffers = int(state_bytes) * copies * train["resources"]["procsPerNode"]
     pod_bytes = sum(p.stat().st_size for p in (memory / "pod-0").rglob("*.pt"))
@@ -199,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         if lose is not None and (memory / lose).exists():
             shutil.rmtree(memory / lose)
         again = config(workdir, args.iters + 2, args.gpu, workdir / f"durable-{tier}")
-        first = progress(run(again, workdir, f"restore-{tier}", memory)[0])[0]
+        first = progress(run(again, workdir, f"restore-{tier}", memory)[0][0])[0]
         assert first["restored"]["tier"] == tier, first
         restores[tier] = (first["clock"]["load"], first["restored"]["step"])
 

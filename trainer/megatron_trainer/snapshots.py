@@ -41,6 +41,7 @@ The file format and the semantics (ids, completeness, cleanup, retrieval) are th
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pickle
 import queue
@@ -164,24 +165,17 @@ class RingReplication(CliqueReplicationStrategy):  # type: ignore[misc]
 ALIGN = 64
 
 
-def _count(shape: Any) -> int:
-    count = 1
-    for n in shape:
-        count *= int(n)
-    return count
-
-
 def _layout(tensors: list[tuple[torch.dtype, Any]]) -> tuple[list[int], int]:
     """Where each (dtype, shape) tensor starts in one flat buffer, and the buffer's size."""
     offsets, end = [], 0
     for dtype, shape in tensors:
         offsets.append(end)
-        end += -(-_count(shape) * dtype.itemsize // ALIGN) * ALIGN
+        end += -(-math.prod(shape) * dtype.itemsize // ALIGN) * ALIGN
     return offsets, end
 
 
 def _view(flat: torch.Tensor, offset: int, dtype: torch.dtype, shape: Any) -> torch.Tensor:
-    size = _count(shape) * dtype.itemsize
+    size = math.prod(shape) * dtype.itemsize
     return flat[offset : offset + size].view(dtype).view(tuple(shape))
 
 
