@@ -358,6 +358,31 @@ def test_a_hang_restarts_in_place() -> None:
     assert "failedNodes" not in sim.status  # a hang says nothing about rank 0's node
 
 
+def test_an_in_place_attempt_is_held_to_its_own_timeout_until_its_first_step() -> None:
+    """Its ranks import, rendezvous and restore before their first step: a hangTimeoutSeconds
+    shorter than that (under load) restarted the attempt again and again. Until the first step
+    inPlaceTimeoutSeconds holds it; from then on the hang rule does."""
+    sim = _sim({"hangTimeoutSeconds": 30, "inPlaceTimeoutSeconds": 90})
+    sim.start_running()
+    sim.report_launchers(failures=[(2, 1)])
+    sim.step()
+    _released(sim)
+    sim.tick(60)  # twice the hang timeout, no step yet
+    sim.step()
+    assert sim.status["phase"] == "Running" and sim.status["restarts"] == 1
+    _stepped(sim, 5)
+    sim.tick(31)  # then no progress for the hang timeout
+    sim.step()
+    failure = sim.status["lastFailure"]
+    assert (failure["reason"], failure["rung"]) == ("Hang", "InPlace")
+    assert sim.status["restarts"] == 2
+    _released(sim)
+    sim.tick(91)  # this attempt never steps: its own timeout, and a recreate
+    sim.step()
+    failure = sim.status["lastFailure"]
+    assert (failure["reason"], failure["rung"]) == ("RestartTimeout", "Recreate")
+
+
 def test_operator_restart_mid_in_place_restart_makes_no_duplicate() -> None:
     """The operator dies at every point of an in-place restart; a fresh one (a reconcile from
     the stored status and the same report) never counts it again or restarts twice."""

@@ -771,8 +771,9 @@ class RestartPolicySpec(ApiModel):
     max_backoff_seconds: Seconds = Field(300, description="Cap on the backoff." + _DAYS)
     hang_timeout_seconds: Seconds = Field(
         1800,
-        description="Restart with reason Hang when Running without progress this long (0: off)."
-        + _DAYS,
+        description="Restart with reason Hang when Running without progress this long (0: off). "
+        "An in-place restart or a pod replacement is held to inPlaceTimeoutSeconds instead until "
+        "its first training step." + _DAYS,
     )
     startup_timeout_seconds: Seconds = Field(
         1800,

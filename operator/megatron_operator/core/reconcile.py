@@ -938,6 +938,11 @@ class _Machine:
         since = parse_time(self.st.running_since)
         if timeout == 0 or self.st.phase != Phase.RUNNING or since is None or blind(job):
             return None
+        if self.st.gang < self.st.restart_attempt and not self.stepped():
+            # A lower rung's attempt is held to inPlaceTimeoutSeconds until its first step
+            # (restart_timeout): its ranks import, rendezvous and restore first, which on a
+            # loaded node took longer than a short hangTimeoutSeconds and restarted it again.
+            return None
         rank0 = next((x for x in current if x.node_rank == 0), None)
         last = since
         beat = self.heartbeat()
