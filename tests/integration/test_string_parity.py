@@ -287,8 +287,15 @@ def _draw(base: Doc, put: Callable[[Doc, str], None], pattern: str) -> tuple[set
     accepted: set[str] = set()
     refused = 0
 
+    # Derandomized: the same draws in every run. Random ones drew between 4 and 63 distinct
+    # accepted strings for spec.data.split from one run to the next, and a run with 4 failed
+    # the floor below for nothing.
     @settings(
-        max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
     )
     # Half the draws are strings of the pattern as RE2 reads it (the ones both sides must
     # accept); without them a field whose mutations are nearly all refused drew too few.
