@@ -2,7 +2,7 @@
 restarts in place inside its launcher process, a killed launcher process ("pod") is replaced
 alone, a lost "pod" with a spare beside it (resources.spareNodes) hands its node rank to the
 spare (node rank 0's too, with the coordinator), and all resume exactly (losses bit-identical to
-an uninterrupted run). The spare scenarios take 60-90 s each on 2 cores.
+an uninterrupted run). The spare scenarios take about 30 s each on 2 cores.
 
 The checkpoint tiers (with test_local_run's and test_object_storage's kills, 20 kill points in
 these runs): each in-place restart resumes from every pod's own memory (or the other pod's copy,

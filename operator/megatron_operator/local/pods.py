@@ -27,6 +27,7 @@ from megatron_contract.env import (
     REPORT_FILE,
     SCRATCH,
     STATUS_FILE,
+    WORLD_SIZE,
 )
 from megatron_contract.paths import (
     CHECKPOINT_MOUNT,
@@ -212,8 +213,28 @@ def _spare(pod: dict[str, Any]) -> int | None:
     return int(value) if value is not None else None
 
 
+# Each rank's threads for its math (torch's intra-op pool and MKL's), where neither the job
+# nor this shell sets it: in a cluster each pod has a node's cores, and the launcher gives each
+# of its ranks a share of them; here every "pod" is on this one machine.
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+
+
+def rank_threads(cores: int, world_size: int) -> int:
+    """This machine's cores shared between all of the job's ranks (spares run none). Without it
+    each local pod's launcher gave its ranks all of the machine's cores (two pods on two cores
+    ran four compute threads), and with two threads a rank's results differed in the last bit
+    in 3 of 20 runs of the same job here (some steps matching a one-thread run's), so a resumed
+    run was not always bit-identical to an uninterrupted one."""
+    return max(1, cores // max(1, world_size))
+
+
 def local_pods(
-    objs: list[dict[str, Any]], layout: Layout, python: str, port: int, coordinator_port: int
+    objs: list[dict[str, Any]],
+    layout: Layout,
+    python: str,
+    port: int,
+    coordinator_port: int,
+    cores: int,
 ) -> list[LocalPod]:
     out = []
     for pod in (o for o in objs if o["kind"] == "Pod"):
@@ -246,6 +267,9 @@ def local_pods(
             env[SCRATCH] = str(layout.scratch / pod["metadata"]["name"])
         if MEMORY_CHECKPOINT_DIR in env:
             env[MEMORY_CHECKPOINT_DIR] = str(layout.memory(pod["metadata"]["name"]))
+        if OMP_NUM_THREADS not in env and OMP_NUM_THREADS not in os.environ:
+            world = int(env[WORLD_SIZE]) if env.get(WORLD_SIZE, "").isdigit() else 1
+            env[OMP_NUM_THREADS] = str(rank_threads(cores, world))
         argv = list(container["command"]) + list(container.get("args", []))
         if argv and argv[0] in ("python", "python3"):
             argv[0] = python  # the image's interpreter is this environment's
