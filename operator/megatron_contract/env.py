@@ -16,6 +16,9 @@ WORLD_SIZE: Final = "WORLD_SIZE"
 NNODES: Final = "NNODES"
 NODE_RANK: Final = "NODE_RANK"
 NPROC_PER_NODE: Final = "NPROC_PER_NODE"
+# Each rank's threads for its math (torch's intra-op pool, MKL): the launcher's default is the
+# pod's cores shared between its ranks; `mjob run --local` shares the machine's between all.
+OMP_NUM_THREADS: Final = "OMP_NUM_THREADS"
 CONFIG: Final = "MEGATRON_CONFIG"
 JOB_NAME: Final = "MEGATRON_JOB_NAME"
 RESTART_ATTEMPT: Final = "MEGATRON_RESTART_ATTEMPT"

@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from megatron_contract.env import OMP_NUM_THREADS
+
 # CONTRACT: set by the launcher for every CUDA rank when tensor or context parallelism is used
 # (Megatron-LM asserts it in arguments.py `validate_args` on Hopper and older).
 CUDA_DEVICE_MAX_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
-OMP_NUM_THREADS = "OMP_NUM_THREADS"
 
 SHARDING_DP = "dp_reshardable"
 SHARDING_FULL = "fully_reshardable"

@@ -22,6 +22,7 @@ from megatron_contract.env import (
     MASTER_PORT,
     MEMORY_CHECKPOINT_DIR,
     MSC_CONFIG,
+    OMP_NUM_THREADS,
     PROGRESS_FILE,
     PROGRESS_LEASE,
     REPORT_FILE,
@@ -211,12 +212,6 @@ def _spare(pod: dict[str, Any]) -> int | None:
     """A spare pod's number (resources.spareNodes), else None."""
     value = pod["metadata"]["labels"].get(LABEL_SPARE)
     return int(value) if value is not None else None
-
-
-# Each rank's threads for its math (torch's intra-op pool and MKL's), where neither the job
-# nor this shell sets it: in a cluster each pod has a node's cores, and the launcher gives each
-# of its ranks a share of them; here every "pod" is on this one machine.
-OMP_NUM_THREADS = "OMP_NUM_THREADS"
 
 
 def rank_threads(cores: int, world_size: int) -> int:
