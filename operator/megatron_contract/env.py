@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -19,6 +20,13 @@ NPROC_PER_NODE: Final = "NPROC_PER_NODE"
 # Each rank's threads for its math (torch's intra-op pool, MKL): the launcher's default is the
 # pod's cores shared between its ranks; `mjob run --local` shares the machine's between all.
 OMP_NUM_THREADS: Final = "OMP_NUM_THREADS"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), which OMP_NUM_THREADS shares out."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 CONFIG: Final = "MEGATRON_CONFIG"
 JOB_NAME: Final = "MEGATRON_JOB_NAME"
 RESTART_ATTEMPT: Final = "MEGATRON_RESTART_ATTEMPT"

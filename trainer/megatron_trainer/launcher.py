@@ -37,7 +37,13 @@ from megatron_contract.config import (
     parse_launch_config,
     read_config,
 )
-from megatron_contract.env import MASTER_PORT, RESTART_ATTEMPT, RuntimeEnv, runtime_env
+from megatron_contract.env import (
+    MASTER_PORT,
+    RESTART_ATTEMPT,
+    RuntimeEnv,
+    runtime_env,
+    usable_cores,
+)
 from megatron_contract.errors import ConfigError
 from megatron_contract.exitcodes import ExitCode
 from megatron_contract.expansion import expand_all
@@ -96,9 +102,8 @@ def rank_env(
             e.LAUNCHER_PID: str(os.getpid()),
         }
     )
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     tensor, context, fsdp = parallel
-    defaults = cuda_env_defaults(tensor, context, cores or 1, env.nproc_per_node, fsdp)
+    defaults = cuda_env_defaults(tensor, context, usable_cores(), env.nproc_per_node, fsdp)
     if cpu:
         defaults.pop(CUDA_DEVICE_MAX_CONNECTIONS, None)
     for name, value in defaults.items():

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from megatron_contract.env import usable_cores
 from megatron_contract.ladder import parse_report
 from megatron_contract.ports import free_port
 from megatron_operator import zipapp
@@ -43,7 +44,6 @@ from .pods import Layout, local_config, local_pods
 from .summary import ProgressLog, complete_checkpoints, plot_losses, write_summary
 
 POLL_SECONDS = 0.1
-CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
@@ -303,7 +303,7 @@ class LocalRunner:
             # its gang's coordinator; later attempts' rendezvous ports are the coordinator's.
             self.master_port, self.coordinator_port = free_port(), free_port()
         for pod in local_pods(
-            objs, self.layout, self.python, self.master_port, self.coordinator_port, CORES
+            objs, self.layout, self.python, self.master_port, self.coordinator_port, usable_cores()
         ):
             if str(self.layout.launcher) in pod.argv and not self.layout.launcher.exists():
                 # What the init container copies in a cluster: built from this checkout.
