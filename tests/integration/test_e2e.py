@@ -291,8 +291,45 @@ def wait_phase(
         st = job_status(c, ns, name)
         return st if st.get("phase") in phases else None
 
-    result: dict[str, Any] = c.wait(ready, timeout, 1.0, f"{ns}/{name} phase in {phases}")
+    try:
+        result: dict[str, Any] = c.wait(ready, timeout, 1.0, f"{ns}/{name} phase in {phases}")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{diagnosis(c, ns, name)}") from None
     return result
+
+
+def diagnosis(c: RealCluster, ns: str, name: str) -> str:
+    """Why a job is not where a test waits for it: every pod's place and containers, each
+    node's state, the job's status and the namespace's events."""
+    events = c.kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False).stdout
+    return f"{placement(c, ns, name)}\nstatus: {job_status(c, ns, name)}\n{events}"
+
+
+def placement(c: RealCluster, ns: str, name: str) -> str:
+    """Each pod's phase, node, PodScheduled message and containers' states; each node's
+    readiness, cordon, taints and allocatable."""
+    lines = []
+    for p in pods_of(c, ns, name):
+        st = p.get("status") or {}
+        cond = next((x for x in st.get("conditions") or [] if x.get("type") == "PodScheduled"), {})
+        states = {
+            x.get("name"): x.get("state")
+            for x in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or [])
+        }
+        lines.append(
+            f"pod {p['metadata']['name']}: {st.get('phase')} on "
+            f"{(p.get('spec') or {}).get('nodeName')}: {cond.get('message', '')} {states}"
+        )
+    for n in c.kubectl_json("get", "nodes")["items"]:
+        ready = next(
+            (x["status"] for x in n["status"].get("conditions") or [] if x["type"] == "Ready"), "?"
+        )
+        lines.append(
+            f"node {n['metadata']['name']}: Ready={ready} "
+            f"unschedulable={n['spec'].get('unschedulable', False)} "
+            f"taints={n['spec'].get('taints')} allocatable={n['status'].get('allocatable')}"
+        )
+    return "\n".join(lines)
 
 
 def why(st: dict[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 
 from .real_nodes_support import REAL_LABEL, SHARED_CHECKPOINT_VOLUME, RealCluster
+from .test_e2e import job_status, wait_phase
 
 pytestmark = pytest.mark.slow
 
@@ -84,20 +85,6 @@ def base_spec(image: str) -> dict[str, Any]:
     }
 
 
-def status(c: RealCluster, ns: str, name: str) -> dict[str, Any]:
-    st: dict[str, Any] = c.kubectl_json("get", "mj", "-n", ns, name).get("status") or {}
-    return st
-
-
-def wait_phase(c: RealCluster, ns: str, name: str, phase: str, timeout: float) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
-        st = status(c, ns, name)
-        return st if st.get("phase") == phase else None
-
-    result: dict[str, Any] = c.wait(reached, timeout, 1.0, f"{ns}/{name} {phase}")
-    return result
-
-
 def test_a_torch_distributed_script_restarts_once_and_succeeds(
     real_operator: RealCluster, ns: str
 ) -> None:
@@ -112,7 +99,7 @@ def test_a_torch_distributed_script_restarts_once_and_succeeds(
         ],
     }  # fmt: skip
     c.apply(job_doc("ddp", spec), ns)
-    st = wait_phase(c, ns, "ddp", "Succeeded", timeout=600)
+    st = wait_phase(c, ns, "ddp", {"Succeeded"}, 600)
     assert (st["restarts"], st["restartAttempt"]) == (1, 1), st
     # Progress from the script's `ITERATION LOSS` lines, forwarded to the Lease by node 0.
     assert st["progress"]["iteration"] == 12 and st["progress"]["checkpointIteration"] == 12
@@ -200,7 +187,7 @@ def test_own_code_in_an_image_without_the_project_restarts_in_place(
         "args": ["--save=$(MEGATRON_CHECKPOINT_DIR)"],
     }
     c.apply(job_doc("own", spec), ns)
-    wait_phase(c, ns, "own", "Running", timeout=300)
+    wait_phase(c, ns, "own", {"Running"}, 300)
 
     def uids() -> dict[str, str]:
         pods = c.kubectl_json("get", "pods", "-n", ns, "-l", "megatron.dev/job-name=own")
@@ -215,7 +202,7 @@ def test_own_code_in_an_image_without_the_project_restarts_in_place(
     c.wait(lambda: "iteration        5/" in c.logs(ns, "own-a0-1"), 120, 0.5, "step 5")
     killed = c.kill_process(ns, "own-a0-1", "megatron-stand-in", RANK="1")
     assert killed["signal"] == "SIGKILL", killed
-    st = wait_phase(c, ns, "own", "Succeeded", timeout=300)
+    st = wait_phase(c, ns, "own", {"Succeeded"}, 300)
     assert (st["restarts"], st["restartAttempt"]) == (1, 1), st
     assert st["lastFailure"]["rung"] == "InPlace", st["lastFailure"]
     assert uids() == first  # the same pods: no pod, IP or GPU given up
@@ -257,7 +244,11 @@ def test_an_image_that_does_not_exist_is_named_and_released(
 
     def named() -> dict[str, Any] | None:
         cond = next(
-            (x for x in status(c, ns, "noimg").get("conditions", []) if x["type"] == "PodsStarted"),
+            (
+                x
+                for x in job_status(c, ns, "noimg").get("conditions", [])
+                if x["type"] == "PodsStarted"
+            ),
             None,
         )
         seen[:] = [
@@ -278,7 +269,7 @@ def test_an_image_that_does_not_exist_is_named_and_released(
     assert time.monotonic() - applied <= 90
     assert cond["message"].startswith("pod noimg-a0-"), cond
     assert "does-not-exist" in cond["message"], cond  # the kubelet's own words
-    st = wait_phase(c, ns, "noimg", "Failed", timeout=150)
+    st = wait_phase(c, ns, "noimg", {"Failed"}, 150)
     failed_at = time.monotonic()
     assert st["lastFailure"]["reason"] == "StartupTimeout", st
     assert "startupTimeoutSeconds" in st["lastFailure"]["message"]

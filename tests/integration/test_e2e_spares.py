@@ -26,10 +26,12 @@ from .test_e2e import (
     OPERATOR_NODE,
     Rank0Logs,
     assert_same_curve,
+    diagnosis,
     job_doc,
     job_status,
     local_losses,
     new_ns,
+    placement,
     pods_of,
     spec,
     wait_phase,
@@ -73,7 +75,7 @@ def _start_with_the_spare_on_the_operators_node(
         try:
             where = c.wait(placed, 300, 1.0, "the node ranks scheduled off the operator's node")
         except AssertionError as err:
-            raise AssertionError(f"{err}\n{_placement(c, ns, name)}") from None
+            raise AssertionError(f"{err}\n{placement(c, ns, name)}") from None
     finally:
         c.kubectl("uncordon", OPERATOR_NODE)
 
@@ -92,40 +94,11 @@ def _start_with_the_spare_on_the_operators_node(
         )
     except AssertionError as err:
         raise AssertionError(
-            f"{err}\n{_diagnosis(c, ns, name)}\nspare deleted at {deleted}"
+            f"{err}\n{diagnosis(c, ns, name)}\nspare deleted at {deleted}"
         ) from None
     spare = next(p for p in pods_of(c, ns, name, 0) if p["metadata"]["name"] == f"{name}-a0-s0")
     assert spare["spec"]["nodeName"] == OPERATOR_NODE, spare["spec"]
     return {n.rsplit("-", 1)[-1]: node for n, node in where.items()}
-
-
-def _diagnosis(c: RealCluster, ns: str, name: str) -> str:
-    """Where every pod is, the job's status and the namespace's events."""
-    events = c.kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp").stdout
-    return f"{_placement(c, ns, name)}\nstatus: {job_status(c, ns, name)}\n{events}"
-
-
-def _placement(c: RealCluster, ns: str, name: str) -> str:
-    """Why a pod is not placed: each pod's phase, node and PodScheduled message, and each
-    node's readiness, cordon and taints."""
-    lines = []
-    for p in pods_of(c, ns, name):
-        st = p.get("status") or {}
-        cond = next((x for x in st.get("conditions") or [] if x.get("type") == "PodScheduled"), {})
-        lines.append(
-            f"pod {p['metadata']['name']}: {st.get('phase')} on "
-            f"{(p.get('spec') or {}).get('nodeName')}: {cond.get('message', '')}"
-        )
-    for n in c.kubectl_json("get", "nodes")["items"]:
-        ready = next(
-            (x["status"] for x in n["status"].get("conditions") or [] if x["type"] == "Ready"), "?"
-        )
-        lines.append(
-            f"node {n['metadata']['name']}: Ready={ready} "
-            f"unschedulable={n['spec'].get('unschedulable', False)} "
-            f"taints={n['spec'].get('taints')} allocatable={n['status'].get('allocatable')}"
-        )
-    return "\n".join(lines)
 
 
 def _first_step_after(logs: Rank0Logs, attempt: int) -> dict[str, Any] | None:
@@ -158,7 +131,7 @@ def _lose_node_rank(c: RealCluster, tmp_path: Path, rank: int) -> None:
         try:
             step = c.wait(lambda: _first_step_after(logs, 1), 300, 0.5, "a step of attempt 1")
         except AssertionError as err:
-            raise AssertionError(f"{err}\n{_diagnosis(c, ns, name)}") from None
+            raise AssertionError(f"{err}\n{diagnosis(c, ns, name)}") from None
         at = datetime.fromisoformat(step["time"].replace("Z", "+00:00")).timestamp()
         took = at - t0
         status = job_status(c, ns, name)
