@@ -302,7 +302,15 @@ def diagnosis(c: RealCluster, ns: str, name: str) -> str:
     """Why a job is not where a test waits for it: every pod's place and containers, each
     node's state, the job's status and the namespace's events."""
     events = c.kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False).stdout
-    return f"{placement(c, ns, name)}\nstatus: {job_status(c, ns, name)}\n{events}"
+    operator = c.kubectl(
+        "logs", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=megatron-operator",
+        "--tail", "2000", "--timestamps", check=False,
+    ).stdout.splitlines()  # fmt: skip
+    mine = "\n".join([x for x in operator if ns in x][-30:] + operator[-10:])
+    return (
+        f"{placement(c, ns, name)}\nstatus: {job_status(c, ns, name)}\n{events}"
+        f"operator log (its lines of {ns}, then its last):\n{mine}"
+    )
 
 
 def placement(c: RealCluster, ns: str, name: str) -> str:
