@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from megatron_contract.cpus import cpu_limit, limited_cores
 from megatron_contract.errors import ConfigError
 from megatron_contract.ladder import DEFAULT_COORDINATOR_PORT, RECREATE, STRATEGIES
 from megatron_contract.paths import DEFAULT_CONFIG_PATH
@@ -18,13 +19,17 @@ NNODES: Final = "NNODES"
 NODE_RANK: Final = "NODE_RANK"
 NPROC_PER_NODE: Final = "NPROC_PER_NODE"
 # Each rank's threads for its math (torch's intra-op pool, MKL): the launcher's default is the
-# pod's cores shared between its ranks; `mjob run --local` shares the machine's between all.
+# pod's cores (no more than its CPU limit) shared between its ranks; `mjob run --local` shares the machine's between all.
 OMP_NUM_THREADS: Final = "OMP_NUM_THREADS"
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity), which OMP_NUM_THREADS shares out."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The cores OMP_NUM_THREADS shares out: those this process may run on (its CPU affinity),
+    no more than its container's CPU limit (cpus.py)."""
+    affinity = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
+    return limited_cores(affinity, cpu_limit())
 
 
 CONFIG: Final = "MEGATRON_CONFIG"
