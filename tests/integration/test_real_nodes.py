@@ -8,6 +8,7 @@ teardown at the end of the session (real_nodes_support.assert_nothing_left).
 
 from __future__ import annotations
 
+import os
 import tomllib
 import uuid
 from pathlib import Path
@@ -21,7 +22,9 @@ VERSION = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml")
 VERSION_CODE = (
     "import importlib.metadata as m, os, torch, megatron.core, megatron_trainer;"
     "print('megatron-operator', m.version('megatron-operator'), 'torch', torch.__version__,"
-    " 'uid', os.getuid(), 'dot', float(torch.ones(4) @ torch.ones(4)))"
+    " 'uid', os.getuid(), 'dot', float(torch.ones(4) @ torch.ones(4)));"
+    "from megatron_contract.env import usable_cores; from megatron_contract.cpus import cpu_limit;"
+    "print('cores', usable_cores(), 'limit', cpu_limit(), 'affinity', len(os.sched_getaffinity(0)))"
 )
 
 
@@ -59,7 +62,11 @@ def test_trainer_image_runs_on_each_real_node(real_cluster: RealCluster) -> None
     c = real_cluster
     ns = new_ns(c, "version")
     for node in c.real_nodes:
-        c.apply(python_pod(f"v-{node}", c.image("trainer"), node, VERSION_CODE), ns)
+        doc = python_pod(f"v-{node}", c.image("trainer"), node, VERSION_CODE)
+        # A CPU limit below the node's cores: the launcher shares out the limit (its cgroup's
+        # quota, as runc sets it), not the affinity, which still lists every core.
+        doc["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1", "memory": "2Gi"}}
+        c.apply(doc, ns)
     for node in c.real_nodes:
         done = c.wait_pod_done(ns, f"v-{node}", timeout=180)
         logs = c.logs(ns, f"v-{node}")
@@ -67,6 +74,7 @@ def test_trainer_image_runs_on_each_real_node(real_cluster: RealCluster) -> None
         assert done["spec"]["nodeName"] == node
         assert f"megatron-operator {VERSION} torch 2." in logs
         assert "uid 1000 dot 4.0" in logs
+        assert f"cores 1 limit 1.0 affinity {len(os.sched_getaffinity(0))}" in logs, logs
     c.kubectl("delete", "namespace", ns, "--wait=false")
 
 
