@@ -168,21 +168,52 @@ class Rank0Logs:
             time.sleep(0.5)
 
     def _follow(self, pod: str) -> None:
-        argv = [str(self.c.kubectl_path), "logs", "-f", "-n", self.ns, pod]
-        with subprocess.Popen(
-            argv, env=self.c.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-        ) as proc:
-            with self.lock:
-                self.procs.append(proc)
-            assert proc.stdout is not None
-            for line in proc.stdout:
+        """`kubectl logs -f` of one pod until its container ends. A stream that breaks before
+        (the apiserver's proxy to the kubelet, or a follow begun as the container started) is
+        followed again from the start, its lines already read skipped."""
+        seen = 0
+        while True:
+            argv = [str(self.c.kubectl_path), "logs", "-f", "-n", self.ns, pod]
+            with subprocess.Popen(
+                argv, env=self.c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            ) as proc:
                 with self.lock:
-                    self.lines.append(f"{pod}: {line.rstrip()}")
-                    if line.startswith(PROGRESS):
-                        rec = json.loads(line[len(PROGRESS) :])
-                        self.records.append(rec)
-                        if isinstance(rec.get("loss"), (int, float)):
-                            self.losses[int(rec["iteration"])] = float(rec["loss"])
+                    self.procs.append(proc)
+                assert proc.stdout is not None and proc.stderr is not None
+                n = 0
+                for line in proc.stdout:
+                    n += 1
+                    if n > seen:
+                        self._line(pod, line)
+                seen = max(seen, n)
+                err = proc.stderr.read().strip()
+            if self.stop.is_set() or self._ended(pod):
+                return
+            with self.lock:
+                self.lines.append(f"{pod}: (follow again after {seen} lines: {err[-300:]})")
+            time.sleep(2)
+
+    def _line(self, pod: str, line: str) -> None:
+        with self.lock:
+            self.lines.append(f"{pod}: {line.rstrip()}")
+            if not line.startswith(PROGRESS):
+                return
+            try:
+                rec = json.loads(line[len(PROGRESS) :])
+            except ValueError:
+                self.lines.append(f"{pod}: (not a record)")  # kept in lines, for the assertions
+                return
+            self.records.append(rec)
+            if isinstance(rec.get("loss"), (int, float)):
+                self.losses[int(rec["iteration"])] = float(rec["loss"])
+
+    def _ended(self, pod: str) -> bool:
+        """The pod's containers have all ended, or the pod is gone (nothing more to read)."""
+        proc = self.c.kubectl("get", "pod", "-n", self.ns, pod, "-o", "json", check=False)
+        if proc.returncode != 0:
+            return "NotFound" in proc.stderr
+        statuses = json.loads(proc.stdout).get("status", {}).get("containerStatuses") or []
+        return bool(statuses) and all("terminated" in (x.get("state") or {}) for x in statuses)
 
     def iteration(self) -> int:
         with self.lock:
