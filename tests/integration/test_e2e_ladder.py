@@ -311,8 +311,9 @@ def _pod_name(c: RealCluster, ns: str, node_rank: str) -> str:
     )
 
 
-# restartPolicy.hangTimeoutSeconds of the hang scenario: the rule counts from the attempt's
-# start too, and under CI load the first step has come 15 s after it.
+# restartPolicy.hangTimeoutSeconds of the hang scenario: between records only (until its first
+# step a new gang is held to firstStepTimeoutSeconds: under CI load that step came over 30 s
+# after the pods ran, and a hang timeout counted from there restarted attempt 0 before it).
 HANG_TIMEOUT = 30
 HANG_STEP = 10
 

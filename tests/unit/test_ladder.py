@@ -350,12 +350,47 @@ def test_strategy_recreate_recreates_on_a_rank_failure() -> None:
 def test_a_hang_restarts_in_place() -> None:
     sim = _sim({"hangTimeoutSeconds": 30})
     sim.start_running()
+    _stepped(sim, 5)
     sim.tick(31)
     out = sim.step()
     failure = sim.status["lastFailure"]
     assert (failure["reason"], failure["rung"]) == ("Hang", "InPlace")
     assert not out.delete_pods
     assert "failedNodes" not in sim.status  # a hang says nothing about rank 0's node
+
+
+def test_a_new_gang_is_held_to_the_first_step_timeout_until_its_first_step() -> None:
+    """A new gang imports, rendezvouses and loads its checkpoint before its first step: a
+    hangTimeoutSeconds right for a step (30 s) restarted healthy gangs under load. Until the
+    first step the larger of firstStepTimeoutSeconds and hangTimeoutSeconds holds it."""
+    sim = _sim({"hangTimeoutSeconds": 30, "firstStepTimeoutSeconds": 120})
+    sim.start_running()
+    sim.tick(119)  # four times the hang timeout, no step yet
+    sim.step()
+    assert sim.status["phase"] == "Running" and sim.status["restarts"] == 0
+    sim.tick(2)
+    sim.step()
+    failure = sim.status["lastFailure"]
+    assert (failure["reason"], failure["rung"]) == ("Hang", "InPlace")
+    assert "no training step 121s after the pods ran" in failure["message"], failure
+    assert "firstStepTimeoutSeconds 120" in failure["message"]
+    # A hang timeout longer than the first step's: the longer one holds the first step too.
+    sim = _sim({"hangTimeoutSeconds": 300, "firstStepTimeoutSeconds": 120})
+    sim.start_running()
+    sim.tick(299)
+    sim.step()
+    assert sim.status["phase"] == "Running"
+    sim.tick(2)
+    sim.step()
+    assert sim.status["lastFailure"]["reason"] == "Hang"
+    # After the first step, the hang timeout alone.
+    sim = _sim({"hangTimeoutSeconds": 30, "firstStepTimeoutSeconds": 120})
+    sim.start_running()
+    sim.tick(100)
+    _stepped(sim, 1)
+    sim.tick(31)
+    sim.step()
+    assert "no progress for 31s (hangTimeoutSeconds 30)" in sim.status["lastFailure"]["message"]
 
 
 def test_an_in_place_attempt_is_held_to_its_own_timeout_until_its_first_step() -> None:

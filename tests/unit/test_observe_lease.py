@@ -73,13 +73,18 @@ def test_lease_view_of_odd_objects_never_raises() -> None:
     assert odd is not None and odd.holder is None and odd.renew_time is None
 
 
-def _running(hang: int = 60, strategy: str = "InPlace") -> Sim:
+def _running(hang: int = 60, strategy: str = "InPlace", first_step: int = 1800) -> Sim:
+    policy = {
+        "hangTimeoutSeconds": hang,
+        "strategy": strategy,
+        "firstStepTimeoutSeconds": first_step,
+    }
     doc = job_doc(
         spec_of(
             {
                 "resources.nodes": 2,
                 "training.globalBatchSize": 64,
-                "restartPolicy": {"hangTimeoutSeconds": hang, "strategy": strategy},
+                "restartPolicy": policy,
             }
         ),
         name="job",
@@ -111,9 +116,9 @@ def test_status_progress_follows_the_lease_of_the_current_attempt() -> None:
 
 
 def test_a_late_write_of_an_old_attempt_is_ignored() -> None:
-    # Recreate: a new gang is held to the hang rule from its start (an in-place attempt, to
-    # inPlaceTimeoutSeconds until its first step).
-    sim = _running(hang=30, strategy="Recreate")
+    # Recreate: a new gang is held to firstStepTimeoutSeconds (here 30 s) from its start (an
+    # in-place attempt, to inPlaceTimeoutSeconds until its first step).
+    sim = _running(hang=30, strategy="Recreate", first_step=30)
     sim.fail("job-a0-1")
     sim.settle()
     sim.tick(60)  # past the restart backoff

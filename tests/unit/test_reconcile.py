@@ -245,6 +245,7 @@ def test_own_code_without_a_progress_source_is_never_judged_hung() -> None:
     sim.step()
     assert sim.status["phase"] == "Running" and "lastFailure" not in sim.status
     own["trainer"]["progress"] = "MegatronLog"  # a source that says nothing: a hang
+    own["restartPolicy"]["firstStepTimeoutSeconds"] = 60
     sim = _sim(own)
     _running(sim)
     sim.tick(61)

@@ -45,7 +45,8 @@ Reasons the operator assigns: `Error` (the trainer exited non-zero), `OOMKilled`
 was OOM-killed), `Evicted` (the kubelet evicted the pod), `DisruptionTarget` (the pod condition set
 on an API eviction, a drain or a taint), `Preempted` (DisruptionTarget by the scheduler's
 preemption), `NodeLost` (the pod's node is NotReady or gone), `PodDeleted` (someone deleted a
-running pod), `Hang` (Running with no progress for `hangTimeoutSeconds`), `KueueEviction` (Kueue
+running pod), `Hang` (Running with no progress for `hangTimeoutSeconds`, or a new gang with no
+first step within `firstStepTimeoutSeconds`), `KueueEviction` (Kueue
 took the quota back), `StartupTimeout` (not every pod Running `startupTimeoutSeconds` after the
 first was scheduled),
 `LauncherLost` (a pod's launcher dropped its connection to the rendezvous host: its container

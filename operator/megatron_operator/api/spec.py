@@ -772,8 +772,18 @@ class RestartPolicySpec(ApiModel):
     hang_timeout_seconds: Seconds = Field(
         1800,
         description="Restart with reason Hang when Running without progress this long (0: off). "
-        "An in-place restart or a pod replacement is held to inPlaceTimeoutSeconds instead until "
-        "its first training step." + _DAYS,
+        "Until its first training step a new gang is held to firstStepTimeoutSeconds (or this, "
+        "if longer), and an in-place restart or a pod replacement to inPlaceTimeoutSeconds."
+        + _DAYS,
+    )
+    first_step_timeout_seconds: int = Field(
+        1800,
+        ge=1,
+        le=MAX_DURATION_SECONDS,
+        description="A new gang (the first attempt, or every pod recreated) that reports no "
+        "training step this long after all its pods run restarts with reason Hang; its ranks "
+        "import, rendezvous and load the checkpoint first. The larger of this and "
+        "hangTimeoutSeconds applies; hangTimeoutSeconds 0 turns both off." + _DAYS,
     )
     startup_timeout_seconds: Seconds = Field(
         1800,

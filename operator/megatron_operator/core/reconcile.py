@@ -934,31 +934,46 @@ class _Machine:
         return (self.st.progress or {}).get("attempt") == self.st.restart_attempt
 
     def hang(self, job: MegatronJob, current: list[PodView]) -> Failure | None:
-        timeout = job.spec.restart_policy.hang_timeout_seconds
+        policy = job.spec.restart_policy
+        timeout = policy.hang_timeout_seconds
         since = parse_time(self.st.running_since)
         if timeout == 0 or self.st.phase != Phase.RUNNING or since is None or blind(job):
             return None
-        if self.st.gang < self.st.restart_attempt and not self.stepped():
+        first = not self.stepped()
+        if self.st.gang < self.st.restart_attempt and first:
             # A lower rung's attempt is held to inPlaceTimeoutSeconds until its first step
             # (restart_timeout): its ranks import, rendezvous and restore first, which on a
             # loaded node took longer than a short hangTimeoutSeconds and restarted it again.
             return None
+        # A new gang's first step comes after the imports, the rendezvous and the checkpoint's
+        # load: a short hangTimeoutSeconds, right for a step, restarted healthy gangs there.
+        limit = max(timeout, policy.first_step_timeout_seconds) if first else timeout
         rank0 = next((x for x in current if x.node_rank == 0), None)
         last = since
         beat = self.heartbeat()
         if beat is not None:
             last = max(last, beat)
-        deadline = shift(last, timeout, "status.runningSince")
+        deadline = shift(last, limit, "status.runningSince")
         if self.now < deadline:
             self.deadlines.append(deadline)
             return None
         idle = int((self.now - last).total_seconds())
+        if first:
+            message = (
+                f"no training step {idle}s after the pods ran (firstStepTimeoutSeconds "
+                f"{policy.first_step_timeout_seconds}, hangTimeoutSeconds {timeout})"
+            )
+        else:
+            message = (
+                f"no progress for {idle}s (hangTimeoutSeconds {timeout}), last at "
+                f"{format_time(last)}"
+            )
         return Failure(
             "Hang",
             None,
             rank0.name if rank0 else pod_name(job.name, 0, self.st.restart_attempt),
             rank0.node if rank0 else None,
-            f"no progress for {idle}s (hangTimeoutSeconds {timeout}), last at {format_time(last)}",
+            message,
         )
 
     def fail_or_restart(
