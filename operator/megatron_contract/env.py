@@ -19,7 +19,8 @@ NNODES: Final = "NNODES"
 NODE_RANK: Final = "NODE_RANK"
 NPROC_PER_NODE: Final = "NPROC_PER_NODE"
 # Each rank's threads for its math (torch's intra-op pool, MKL): the launcher's default is the
-# pod's cores (no more than its CPU limit) shared between its ranks; `mjob run --local` shares the machine's between all.
+# pod's cores (no more than its CPU limit) shared between its ranks; `mjob run --local` shares
+# the machine's between all.
 OMP_NUM_THREADS: Final = "OMP_NUM_THREADS"
 
 
