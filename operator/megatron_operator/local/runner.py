@@ -21,6 +21,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -60,11 +61,21 @@ class Running:
     code: int | None = None
     strategy: str | None = None
     spare: int | None = None
+    # When the process group's leader (the launcher) ended, as the kubelet's finishedAt: timed by
+    # a thread blocked in waitpid, not by the next poll, which a loaded machine can run late.
+    ended_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._reap, name=f"reap-{self.name}", daemon=True).start()
+
+    def _reap(self) -> None:
+        self.proc.wait()  # Popen's lock makes the main thread's poll() wait for this reap
+        self.ended_at = datetime.now(UTC)
 
     def view(self, uid: str | None) -> PodView:
-        """The pod as the state machine sees pods: a phase and an exit code."""
-        if self.code is None:
-            self.code = self.proc.poll()
+        """The pod as the state machine sees pods: a phase, an exit code and when it ended."""
+        if self.code is None and self.ended_at is not None:  # its end is timed before it shows
+            self.code = self.proc.returncode
         phase = "Running" if self.code is None else "Succeeded" if self.code == 0 else "Failed"
         return PodView(
             name=self.name,
@@ -86,6 +97,7 @@ class Running:
             strategy=self.strategy,
             spare=self.spare,
             ip="127.0.0.1",
+            finished_at=self.ended_at if self.code is not None else None,
         )
 
 
