@@ -29,13 +29,14 @@ def test_a_killed_pod_is_failed_with_the_time_it_died_not_when_it_was_seen(
         assert running.phase == "Running" and running.finished_at is None
         os.killpg(pod.proc.pid, signal.SIGKILL)
         killed = datetime.now(UTC)
-        time.sleep(1.0)  # a runner late by a second, as on a loaded machine
+        time.sleep(2.0)  # a runner late by two seconds, as on a loaded machine
         seen = pod.view("uid")
     finally:
         pod.log.close()
     assert seen.phase == "Failed" and seen.exit_code is None  # a signal, not an exit code
     assert seen.finished_at is not None
-    assert abs((seen.finished_at - killed).total_seconds()) < 0.5, (seen.finished_at, killed)
+    # timed by the reaping thread's wake-up, not by the look two seconds later
+    assert abs((seen.finished_at - killed).total_seconds()) < 1.0, (seen.finished_at, killed)
     # poll() still works beside the reaping thread: the code is the signal's
     assert pod.proc.poll() == -signal.SIGKILL
 
