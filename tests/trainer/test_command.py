@@ -30,8 +30,10 @@ pytestmark = pytest.mark.trainer
 RANK_SCRIPT = """
 import os, sys, time
 rank = int(os.environ["RANK"])
-print("rank", rank, "argv", sys.argv[1:], "local", os.environ["LOCAL_RANK"],
-      "world", os.environ["WORLD_SIZE"], flush=True)
+# One write per line: the launcher runs ranks unbuffered (PYTHONUNBUFFERED), where print() writes
+# each argument apart, and the two ranks share the pod's stdout.
+sys.stdout.write(f"rank {rank} argv {sys.argv[1:]} local {os.environ['LOCAL_RANK']} "
+                 f"world {os.environ['WORLD_SIZE']}\\n")
 mode = sys.argv[1]
 if rank == 0:
     with open(os.environ["MEGATRON_PROGRESS_LOG"], "a") as f:
