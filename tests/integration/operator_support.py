@@ -241,10 +241,27 @@ def wait_pods(
         ]
         return found if len(found) == count else None
 
-    result: list[dict[str, Any]] = cluster.wait(
-        check, timeout, what=f"{count} pods of {ns}/{name} (phase {phase}, attempt {attempt})"
-    )
+    what = f"{count} pods of {ns}/{name} (phase {phase}, attempt {attempt})"
+    try:
+        result: list[dict[str, Any]] = cluster.wait(check, timeout, what=what)
+    except AssertionError as e:
+        # Say where each pod stood: unscheduled (and the scheduler's reason), or on which node.
+        raise AssertionError(f"{e}; pods: {pod_summary(pods(cluster, ns, name))}") from None
     return result
+
+
+def pod_summary(items: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for p in items:
+        st = p.get("status", {})
+        scheduled = next(
+            (c for c in st.get("conditions", []) if c.get("type") == "PodScheduled"), {}
+        )
+        lines.append(
+            f"{p['metadata']['name']} {st.get('phase')} node={p['spec'].get('nodeName')} "
+            f"scheduled={scheduled.get('status')} {scheduled.get('message', '')}".rstrip()
+        )
+    return lines
 
 
 def events(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
