@@ -246,20 +246,23 @@ def wait_pods(
         result: list[dict[str, Any]] = cluster.wait(check, timeout, what=what)
     except AssertionError as e:
         # Say where each pod stood: unscheduled (and the scheduler's reason), or on which node.
-        raise AssertionError(f"{e}; pods: {pod_summary(pods(cluster, ns, name))}") from None
+        raise AssertionError("\n".join([str(e), *pod_summary(pods(cluster, ns, name))])) from None
     return result
 
 
 def pod_summary(items: list[dict[str, Any]]) -> list[str]:
+    """Each pod's phase, node, the scheduler's PodScheduled message and its containers' states."""
     lines = []
     for p in items:
-        st = p.get("status", {})
-        scheduled = next(
-            (c for c in st.get("conditions", []) if c.get("type") == "PodScheduled"), {}
-        )
+        st = p.get("status") or {}
+        cond = next((x for x in st.get("conditions") or [] if x.get("type") == "PodScheduled"), {})
+        states = {
+            x.get("name"): x.get("state")
+            for x in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or [])
+        }
         lines.append(
-            f"{p['metadata']['name']} {st.get('phase')} node={p['spec'].get('nodeName')} "
-            f"scheduled={scheduled.get('status')} {scheduled.get('message', '')}".rstrip()
+            f"pod {p['metadata']['name']}: {st.get('phase')} on "
+            f"{(p.get('spec') or {}).get('nodeName')}: {cond.get('message', '')} {states}"
         )
     return lines
 

@@ -33,6 +33,7 @@ from megatron_contract.paths import PROGRESS_MIN_INTERVAL_SECONDS
 from tests.goodput_truth import compare
 
 from .conftest import OPERATOR_NODE
+from .operator_support import pod_summary
 from .real_nodes_support import (
     OPERATOR_NS,
     REAL_LABEL,
@@ -347,18 +348,7 @@ def diagnosis(c: RealCluster, ns: str, name: str) -> str:
 def placement(c: RealCluster, ns: str, name: str) -> str:
     """Each pod's phase, node, PodScheduled message and containers' states; each node's
     readiness, cordon, taints and allocatable."""
-    lines = []
-    for p in pods_of(c, ns, name):
-        st = p.get("status") or {}
-        cond = next((x for x in st.get("conditions") or [] if x.get("type") == "PodScheduled"), {})
-        states = {
-            x.get("name"): x.get("state")
-            for x in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or [])
-        }
-        lines.append(
-            f"pod {p['metadata']['name']}: {st.get('phase')} on "
-            f"{(p.get('spec') or {}).get('nodeName')}: {cond.get('message', '')} {states}"
-        )
+    lines = pod_summary(pods_of(c, ns, name))
     for n in c.kubectl_json("get", "nodes")["items"]:
         ready = next(
             (x["status"] for x in n["status"].get("conditions") or [] if x["type"] == "Ready"), "?"
