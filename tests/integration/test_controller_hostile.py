@@ -38,6 +38,7 @@ from megatron_operator.core.names import (
     LABEL_NODE_RANK,
     LABEL_RESTART_ATTEMPT,
 )
+from megatron_operator.core.policy import DEFAULT_RULES
 from megatron_operator.core.reconcile import Outcome, Settings, World
 from tests.unit.test_hostile_trainer_data import HOSTILE_MESSAGES
 
@@ -63,6 +64,9 @@ from .test_operator_hostile import (
     _patch_lease,
     _status_writable,
 )
+
+# The exit codes the default rules fail a job for, whatever its restart budget.
+FAILING_CODES = {c for r in DEFAULT_RULES if r.action == "Fail" for c in r.exit_codes or ()}
 
 
 # --- the Controller in this process, one reconcile at a time ---------------------------------
@@ -225,8 +229,11 @@ def test_fuzzed_termination_messages_through_the_controller(
             st.text(max_size=20_000),
             st.binary(max_size=4000).map(lambda b: b.decode("utf-8", "replace")),
         ),
-        # A failed pod's code: the gang's one pod exiting 0 would be the job's success.
-        exit_code=st.integers(min_value=-(2**31), max_value=2**31 - 1).filter(lambda c: c != 0),
+        # A failed pod's code that restarts the job: exiting 0 would be the job's success, and a
+        # code a default rule fails the job for (78 configuration, 17 NaN) would end it.
+        exit_code=st.integers(min_value=-(2**31), max_value=2**31 - 1).filter(
+            lambda c: c != 0 and c not in FAILING_CODES
+        ),
     )
     def one(message: str, exit_code: int) -> None:
         nonlocal attempt, examples
