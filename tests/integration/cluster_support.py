@@ -301,6 +301,23 @@ class Cluster:
         self._down = True
 
 
+def pod_summary(items: list[dict[str, Any]]) -> list[str]:
+    """Each pod's phase, node, the scheduler's PodScheduled message and its containers' states."""
+    lines = []
+    for p in items:
+        st = p.get("status") or {}
+        cond = next((x for x in st.get("conditions") or [] if x.get("type") == "PodScheduled"), {})
+        states = {
+            x.get("name"): x.get("state")
+            for x in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or [])
+        }
+        lines.append(
+            f"pod {p['metadata']['name']}: {st.get('phase')} on "
+            f"{(p.get('spec') or {}).get('nodeName')}: {cond.get('message', '')} {states}"
+        )
+    return lines
+
+
 def start_cluster(state_dir: Path, args: Sequence[str], timeout: float = 600) -> Cluster:
     """`cluster up`; on failure the driver has already stopped what it started."""
     out = run_driver("up", "--state", str(state_dir), *args, timeout=timeout)

@@ -21,6 +21,7 @@ import yaml
 
 from megatron_contract.ports import free_port
 
+from .cluster_support import pod_summary
 from .conftest import REPO, Cluster
 
 CRD = REPO / "crds" / "megatronjobs.megatron.dev.yaml"
@@ -248,23 +249,6 @@ def wait_pods(
         # Say where each pod stood: unscheduled (and the scheduler's reason), or on which node.
         raise AssertionError("\n".join([str(e), *pod_summary(pods(cluster, ns, name))])) from None
     return result
-
-
-def pod_summary(items: list[dict[str, Any]]) -> list[str]:
-    """Each pod's phase, node, the scheduler's PodScheduled message and its containers' states."""
-    lines = []
-    for p in items:
-        st = p.get("status") or {}
-        cond = next((x for x in st.get("conditions") or [] if x.get("type") == "PodScheduled"), {})
-        states = {
-            x.get("name"): x.get("state")
-            for x in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or [])
-        }
-        lines.append(
-            f"pod {p['metadata']['name']}: {st.get('phase')} on "
-            f"{(p.get('spec') or {}).get('nodeName')}: {cond.get('message', '')} {states}"
-        )
-    return lines
 
 
 def events(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:

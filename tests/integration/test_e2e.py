@@ -32,8 +32,8 @@ import yaml
 from megatron_contract.paths import PROGRESS_MIN_INTERVAL_SECONDS
 from tests.goodput_truth import compare
 
+from .cluster_support import pod_summary
 from .conftest import OPERATOR_NODE
-from .operator_support import pod_summary
 from .real_nodes_support import (
     OPERATOR_NS,
     REAL_LABEL,
